@@ -1,0 +1,26 @@
+"""Algorithms as pure functions in registries: advantage estimators, policy losses, KL.
+
+Every registry has one signature, so adding an estimator or a loss never touches the trainer:
+
+- ``ADVANTAGES[name](inputs: AdvantageInputs, cfg) -> (advantages [B,T], returns [B,T])``
+- ``POLICY_LOSSES[name](logprobs, old_logprobs, advantages, mask, cfg) -> (token_loss [B,T], metrics)``
+- ``KL_ESTIMATORS[name](logprobs, ref_logprobs) -> kl [B,T]``
+- ``KL_CONTROLLERS[name](cfg) -> controller`` with ``.coef`` and ``.update(kl, n_steps)``
+"""
+
+from agentrt.algos.advantages import ADVANTAGES, AdvantageInputs, masked_whiten
+from agentrt.algos.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from agentrt.algos.losses import (
+    AGGREGATIONS,
+    POLICY_LOSSES,
+    aggregate,
+    entropy_from_logits,
+    sft_token_loss,
+    value_token_loss,
+)
+
+__all__ = [
+    "ADVANTAGES", "AdvantageInputs", "masked_whiten", "KL_CONTROLLERS", "KL_ESTIMATORS",
+    "AGGREGATIONS", "POLICY_LOSSES", "aggregate", "entropy_from_logits", "sft_token_loss",
+    "value_token_loss",
+]

@@ -1,0 +1,75 @@
+"""KL divergence to the reference policy: per-token estimators and coefficient controllers.
+
+Estimators follow http://joschu.net/blog/kl-approx.html with r = ref_logp - logp (samples drawn
+from the current policy): k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r (unbiased, >= 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from agentrt.registry import Registry
+
+KL_ESTIMATORS: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry(
+    "kl estimator"
+)
+KL_CONTROLLERS: Registry[Callable[[Any], "KLController"]] = Registry("kl controller")
+
+
+@KL_ESTIMATORS.register("k1")
+def k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    return logp - ref_logp
+
+
+@KL_ESTIMATORS.register("k2")
+def k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (logp - ref_logp) ** 2
+
+
+@KL_ESTIMATORS.register("k3")
+def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    # Clamp the log-ratio so one runaway token cannot overflow exp (same guard as verl).
+    log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+class KLController:
+    """Holds the KL coefficient beta; ``update`` is called once per training step."""
+
+    def __init__(self, coef: float) -> None:
+        self.coef = float(coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:  # noqa: ARG002 - fixed ignores
+        return None
+
+    def state_dict(self) -> dict[str, float]:
+        return {"coef": self.coef}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.coef = float(state["coef"])
+
+
+class AdaptiveKLController(KLController):
+    """Adaptive beta (Ziegler et al. 2019, arXiv:1909.08593, section 2.2): moves beta so the
+    observed KL approaches ``target`` over ``horizon`` samples, with the error clipped to +-0.2."""
+
+    def __init__(self, coef: float, target: float, horizon: int) -> None:
+        super().__init__(coef)
+        self.target = float(target)
+        self.horizon = int(horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.coef *= 1.0 + error * n_steps / self.horizon
+
+
+@KL_CONTROLLERS.register("fixed")
+def fixed_controller(cfg: Any) -> KLController:
+    return KLController(cfg.coef)
+
+
+@KL_CONTROLLERS.register("adaptive")
+def adaptive_controller(cfg: Any) -> KLController:
+    return AdaptiveKLController(cfg.coef, cfg.target, cfg.horizon)

@@ -1,0 +1,287 @@
+"""Run configuration: frozen pydantic models loaded from YAML and validated before any work.
+
+Every field has a one-line description (shown by ``agentrt config-help``). Unknown keys are
+rejected. A bad value produces one :class:`ConfigError` line naming the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agentrt.errors import ConfigError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(Section):
+    path: str | None = Field(None, description="Local Hugging Face model folder to load.")
+    preset: str | None = Field(
+        None, description="Build a small local model of this preset instead (see policies.PRESETS)."
+    )
+    dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="Compute dtype; bf16 uses autocast with fp32 master weights."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.path is None) == (self.preset is None):
+            raise ValueError("set exactly one of model.path (a local HF folder) or model.preset")
+        if self.preset is not None:
+            from agentrt.policies.models import PRESETS
+
+            if self.preset not in PRESETS:
+                raise ValueError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
+        return self
+
+
+class LoraConfig(Section):
+    enabled: bool = Field(False, description="Train a LoRA adapter instead of full weights.")
+    r: int = Field(8, gt=0, description="LoRA rank.")
+    alpha: int = Field(16, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA path.")
+    target_modules: tuple[str, ...] = Field(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        description="Module names that get adapters.",
+    )
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0.0, description="0 means greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables.")
+    max_new_tokens: int = Field(32, gt=0, description="Length limit of one response, in tokens.")
+
+
+class RolloutConfig(Section):
+    backend: Literal["hf"] = Field("hf", description="Rollout engine; 'hf' uses model.generate.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    batch_size: int = Field(256, gt=0, description="Prompts per generate call.")
+
+
+class OptimConfig(Section):
+    lr: float = Field(1e-4, gt=0.0, description="Peak learning rate of AdamW.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="LR schedule after warm-up."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in optimizer steps.")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Floor of linear/cosine decay.")
+    max_grad_norm: float | None = Field(1.0, gt=0.0, description="Clip gradients to this norm.")
+
+
+class KLConfig(Section):
+    coef: float = Field(0.0, ge=0.0, description="KL coefficient beta; 0 turns KL off.")
+    estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator.")
+    placement: Literal["loss", "reward"] = Field(
+        "loss", description="Add KL as a loss term or subtract it from per-token rewards."
+    )
+    controller: Literal["fixed", "adaptive"] = Field("fixed", description="How beta evolves.")
+    target: float = Field(0.1, gt=0.0, description="Adaptive controller: target KL.")
+    horizon: int = Field(10000, gt=0, description="Adaptive controller: horizon in samples.")
+
+
+ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
+    "grpo": {"advantage": "grpo"},
+    "ppo": {"advantage": "gae", "critic": True},
+    "rloo": {"advantage": "rloo"},
+    "reinforce++": {"advantage": "reinforce++"},
+}
+
+
+class AlgorithmConfig(Section):
+    name: Literal["grpo", "ppo", "rloo", "reinforce++"] = Field(
+        "grpo", description="Preset that picks the estimator and whether a critic is trained."
+    )
+    advantage: str | None = Field(None, description="Advantage estimator (default: the preset's).")
+    policy_loss: str = Field("ppo", description="Policy loss from algos.POLICY_LOSSES.")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
+        "token-mean", description="How token losses reduce to a scalar."
+    )
+    clip_ratio_low: float = Field(0.2, ge=0.0, description="PPO clip below 1.")
+    clip_ratio_high: float = Field(0.2, ge=0.0, description="PPO clip above 1 (clip-higher).")
+    clip_ratio_c: float | None = Field(None, gt=1.0, description="Dual-clip bound; None is off.")
+    entropy_coef: float = Field(0.0, description="Entropy bonus coefficient.")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount over generated tokens.")
+    lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda.")
+    norm_std: bool = Field(True, description="GRPO: divide by the group std (False: Dr. GRPO).")
+    norm_adv: bool = Field(True, description="GAE: whiten advantages over the batch.")
+    eps: float = Field(1e-6, gt=0.0, description="Numerical floor in normalisations.")
+    kl: KLConfig = Field(default_factory=KLConfig)
+    ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
+    mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass.")
+    critic: bool = Field(False, description="Train a value model (set by the ppo preset).")
+    vf_coef: float = Field(1.0, gt=0.0, description="Scale of the value loss.")
+    value_clip: float | None = Field(0.2, gt=0.0, description="Value clipping range.")
+    critic_lr: float = Field(1e-4, gt=0.0, description="Critic learning rate.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            data = {"name": data}
+        if isinstance(data, dict):
+            preset = ALGORITHM_PRESETS.get(data.get("name", "grpo"), {})
+            data = {**preset, **data}
+        return data
+
+    @model_validator(mode="after")
+    def _known_names(self) -> AlgorithmConfig:
+        from agentrt.algos import ADVANTAGES, POLICY_LOSSES
+
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(
+                f"advantage {self.advantage!r} is not registered; valid: "
+                f"{', '.join(ADVANTAGES.names())}"
+            )
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ValueError(
+                f"policy_loss {self.policy_loss!r} is not registered; valid: "
+                f"{', '.join(POLICY_LOSSES.names())}"
+            )
+        if self.advantage == "gae" and not self.critic:
+            raise ValueError("advantage 'gae' needs a value model; set critic: true")
+        return self
+
+
+class PolicyConfig(Section):
+    id: str = Field("policy", min_length=1, description="Name of the policy in metrics and files.")
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig(preset="llama-tiny"))
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward.")
+    trainable: bool = Field(True, description="False freezes the policy (opponents, snapshots).")
+
+
+class TaskConfig(Section):
+    name: str = Field("arithmetic", description="Built-in task from agentrt.tasks.TASKS.")
+    train_size: int = Field(20000, gt=0, description="Training prompts generated from the seed.")
+    eval_size: int = Field(256, gt=0, description="Held-out prompts, disjoint from training.")
+    seed: int = Field(1234, description="Seed of the task generator.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Task-specific options.")
+
+    @model_validator(mode="after")
+    def _known_task(self) -> TaskConfig:
+        from agentrt.tasks import TASKS
+
+        if self.name not in TASKS:
+            raise ValueError(f"unknown task {self.name!r}; valid: {', '.join(TASKS.names())}")
+        try:
+            TASKS.get(self.name).options_model(**self.options)
+        except ValidationError as exc:
+            raise ValueError(f"options: {format_validation_error(exc)}") from None
+        return self
+
+
+class SFTConfig(Section):
+    steps: int = Field(0, ge=0, description="Warm-start SFT steps on task demonstrations; 0 skips.")
+    batch_size: int = Field(64, gt=0, description="Demonstrations per SFT step.")
+    lr: float = Field(1e-3, gt=0.0, description="SFT learning rate (constant after warm-up).")
+    warmup_steps: int = Field(10, ge=0, description="SFT linear warm-up steps.")
+
+
+class LoopConfig(Section):
+    steps: int = Field(100, ge=0, description="RL steps (one rollout + update each).")
+    prompts_per_step: int = Field(32, gt=0, description="Distinct prompts per step.")
+    group_size: int = Field(8, gt=0, description="Responses sampled per prompt.")
+
+
+class EvalConfig(Section):
+    every: int = Field(10, gt=0, description="Evaluate every N RL steps (and at start and end).")
+    greedy: bool = Field(True, description="Greedy decoding for evaluation.")
+
+
+class CheckpointConfig(Section):
+    every: int = Field(50, gt=0, description="Save every N RL steps (and at the end).")
+    keep: int = Field(2, gt=0, description="How many recent checkpoints to keep.")
+
+
+class TrainConfig(Section):
+    """Config of ``agentrt train``: one policy, one task."""
+
+    seed: int = Field(0, description="Global seed for torch, numpy and python.")
+    run_dir: str = Field("runs/train", description="Output folder for this run.")
+    threads: int | None = Field(None, gt=0, description="torch threads (default: all cores).")
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    reward: str = Field(
+        "exact_match", description="Reward name in agentrt.rewards or 'module:function'."
+    )
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    train: LoopConfig = Field(default_factory=LoopConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    progress: bool = Field(True, description="Show a progress bar on the terminal.")
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One line per problem: 'policy.optim.lr: Input should be greater than 0 (got -1)'."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) or e["type"] == "missing" else f" (got {got!r})"
+        lines.append(f"{loc}: {msg}{shown}")
+    return "; ".join(lines)
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """['policy.optim.lr=1e-3', 'train.steps=5'] -> nested dict (values parsed as YAML)."""
+    out: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.field=value")
+        key, raw = item.split("=", 1)
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+    return out
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(
+    path: str | Path, overrides: list[str] | None = None, model: type[Section] = TrainConfig
+) -> Any:
+    """Reads YAML, applies ``a.b=c`` overrides and validates. Raises ConfigError on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return validate_config(_merge(data, parse_overrides(overrides or [])), model)
+
+
+def validate_config(data: dict[str, Any], model: type[Section] = TrainConfig) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid config: {format_validation_error(exc)}") from None
+
+
+def dump_config(cfg: Section) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

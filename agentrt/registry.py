@@ -1,0 +1,50 @@
+"""Named registries: algorithms, rewards, tasks and environments are chosen by name in config."""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """A name -> object map where a duplicate name raises and an unknown name lists valid ones.
+
+    Example:
+        >>> ADVANTAGES = Registry("advantage estimator")
+        >>> @ADVANTAGES.register("grpo")
+        ... def grpo(...): ...
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def wrap(obj: T) -> T:
+            self.add(name, obj)
+            return obj
+
+        return wrap
+
+    def add(self, name: str, obj: T) -> None:
+        if name in self._items:
+            raise KeyError(f"{self.kind} {name!r} is already registered")
+        self._items[name] = obj
+
+    def get(self, name: str) -> T:
+        try:
+            return self._items[name]
+        except KeyError:
+            raise KeyError(
+                f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._items))}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._items))

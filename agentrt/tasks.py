@@ -1,0 +1,98 @@
+"""Built-in tasks with verifiable answers, generated from a seed with a disjoint held-out split.
+
+A task is a prompt generator and its answers; the reward function (``agentrt.rewards``) checks a
+response against ``info["answer"]``. Add one with ``@TASKS.register("name")`` on a class with an
+``options_model`` (pydantic) and ``make_example(rng) -> Example``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrt.registry import Registry
+
+TASKS: Registry[type] = Registry("task")
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    answer: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ArithmeticOptions(_Options):
+    digits: int = Field(2, ge=1, le=6, description="Digits per operand.")
+    ops: tuple[str, ...] = Field(("+",), description="Operators drawn from '+', '-', '*'.")
+
+
+@TASKS.register("arithmetic")
+class Arithmetic:
+    """'a+b=' -> the decimal result, operands of up to ``digits`` digits."""
+
+    options_model = ArithmeticOptions
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.opts = ArithmeticOptions(**options)
+        bad = set(self.opts.ops) - {"+", "-", "*"}
+        if bad:
+            raise ValueError(f"arithmetic ops must be among '+', '-', '*'; got {sorted(bad)}")
+
+    def make_example(self, rng: random.Random) -> Example:
+        hi = 10**self.opts.digits - 1
+        a, b, op = rng.randint(0, hi), rng.randint(0, hi), rng.choice(self.opts.ops)
+        value = a + b if op == "+" else a - b if op == "-" else a * b
+        return Example(prompt=f"{a}{op}{b}=", answer=str(value), info={"answer": str(value)})
+
+
+class SortOptions(_Options):
+    length: int = Field(5, ge=2, le=20, description="Digits to sort.")
+
+
+@TASKS.register("sort")
+class Sort:
+    """'sort 3 1 2:' -> '1 2 3'."""
+
+    options_model = SortOptions
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.opts = SortOptions(**options)
+
+    def make_example(self, rng: random.Random) -> Example:
+        xs = [rng.randint(0, 9) for _ in range(self.opts.length)]
+        answer = " ".join(map(str, sorted(xs)))
+        return Example(prompt=f"sort {' '.join(map(str, xs))}:", answer=answer,
+                       info={"answer": answer})
+
+
+def make_splits(name: str, options: dict[str, Any], train_size: int, eval_size: int,
+                seed: int) -> tuple[list[Example], list[Example]]:
+    """(train, eval) examples; no eval prompt appears in train. Deterministic in ``seed``."""
+    task = TASKS.get(name)(options)
+    rng = random.Random(seed)
+    eval_set: dict[str, Example] = {}
+    attempts = 0
+    while len(eval_set) < eval_size:
+        ex = task.make_example(rng)
+        eval_set.setdefault(ex.prompt, ex)
+        attempts += 1
+        if attempts > 100 * eval_size:
+            raise ValueError(f"task {name!r} cannot produce {eval_size} distinct eval prompts")
+    train: list[Example] = []
+    attempts = 0
+    while len(train) < train_size:
+        ex = task.make_example(rng)
+        attempts += 1
+        if ex.prompt not in eval_set:
+            train.append(ex)
+        elif attempts > 100 * train_size:
+            raise ValueError(f"task {name!r} cannot produce {train_size} training prompts")
+    return train, list(eval_set.values())

@@ -1,0 +1,208 @@
+"""Token-exact data types: what a rollout produces and what a training step consumes.
+
+A :class:`Turn` is one call to a policy: the prompt it saw and the tokens it generated, as ids.
+A :class:`Trajectory` is one agent's turns in one episode (one turn for single-step tasks).
+:func:`collate` turns trajectories into a padded :class:`TrainBatch`. Text is only ever decoded
+for display and reward functions; training always uses the ids recorded at rollout time.
+
+Alignment convention (used everywhere): per-token tensors have the shape of ``input_ids`` [B, T]
+and position ``t`` holds the quantity for *predicting* ``input_ids[:, t]`` from ``input_ids[:, :t]``.
+Position 0 therefore never carries loss.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Turn:
+    """One policy call.
+
+    Attributes:
+        prompt_ids: Token ids the policy was conditioned on (system prompt, history, observation).
+        response_ids: Token ids the policy generated, eos included when it stopped on eos.
+        logprobs: Rollout log-probability of each response token, ``len(response_ids)`` floats.
+        reward: Scalar reward credited to this turn (at its last generated token).
+        role: Role of the acting agent ("agent", "player_0", "decomposer", ...).
+        policy_id: Which policy generated it.
+        policy_version: The policy's weight version at generation time.
+        finished: True when generation stopped on eos, False when cut by the length limit.
+        memory_ids: Ids of memory records retrieved into this prompt.
+        info: Free-form per-turn data (env info, decoded text for logs).
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    reward: float = 0.0
+    role: str = "agent"
+    policy_id: str = "policy"
+    policy_version: int = 0
+    finished: bool = True
+    memory_ids: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.logprobs) != len(self.response_ids):
+            raise ValueError(
+                f"Turn has {len(self.response_ids)} response ids but {len(self.logprobs)} logprobs"
+            )
+
+
+@dataclass
+class Trajectory:
+    """One agent's turns in one episode, the unit of credit assignment.
+
+    ``group_id`` names the set of trajectories that share a baseline for group-relative
+    estimators (GRPO, RLOO). Callers build it from everything that must not be mixed: the prompt
+    or game, the role and the policy, so baselines never cross agents or roles.
+    """
+
+    turns: list[Turn]
+    group_id: str = ""
+    episode_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    env: str = ""
+    role: str = "agent"
+    policy_id: str = "policy"
+    outcome: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def reward(self) -> float:
+        """Total reward over all turns."""
+        return float(sum(t.reward for t in self.turns))
+
+    @property
+    def policy_version(self) -> int:
+        return min(t.policy_version for t in self.turns) if self.turns else 0
+
+    def to_sequence(self) -> tuple[list[int], list[int], list[float], list[float]]:
+        """Flattens the turns into one token sequence for training.
+
+        Multi-turn episodes whose every prompt extends the previous turn's prompt + response (the
+        episode runner builds them that way) become one sequence; otherwise each turn must be
+        trained as its own trajectory (see :func:`split_turns`).
+
+        Returns:
+            ``(input_ids, loss_mask, old_logprobs, token_rewards)``, each of length T, aligned as
+            described in the module docstring.
+        """
+        ids: list[int] = []
+        mask: list[int] = []
+        logp: list[float] = []
+        rew: list[float] = []
+        for turn in self.turns:
+            if ids and turn.prompt_ids[: len(ids)] != ids:
+                raise ValueError(
+                    "turn prompt does not extend the previous turns; train turns separately "
+                    "with split_turns()"
+                )
+            new_ctx = turn.prompt_ids[len(ids) :]
+            ids += new_ctx
+            mask += [0] * len(new_ctx)
+            logp += [0.0] * len(new_ctx)
+            rew += [0.0] * len(new_ctx)
+            ids += turn.response_ids
+            mask += [1] * len(turn.response_ids)
+            logp += list(turn.logprobs)
+            rew += [0.0] * len(turn.response_ids)
+            if turn.response_ids:
+                rew[-1] += turn.reward
+            elif rew:
+                rew[-1] += turn.reward
+        return ids, mask, logp, rew
+
+
+def split_turns(traj: Trajectory) -> list[Trajectory]:
+    """One trajectory per turn, keeping group, role and policy (for non-prefix multi-turn)."""
+    return [
+        Trajectory(
+            turns=[t], group_id=traj.group_id, episode_id=traj.episode_id, env=traj.env,
+            role=traj.role, policy_id=traj.policy_id, outcome=traj.outcome, info=traj.info,
+        )
+        for t in traj.turns
+    ]
+
+
+@dataclass
+class TrainBatch:
+    """A right-padded batch of sequences, ready for the loss.
+
+    All per-token tensors are float32/long of shape [B, T]. ``advantages``, ``returns``,
+    ``values`` and ``ref_logprobs`` are filled in by the trainer before the update.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    token_rewards: torch.Tensor
+    group_ids: list[str]
+    seq_rewards: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """Number of loss-carrying (generated) tokens."""
+        return int(self.loss_mask.sum().item())
+
+    def select(self, index: torch.Tensor | slice | list[int]) -> TrainBatch:
+        """Rows ``index`` of every tensor field (for mini- and micro-batches)."""
+        if isinstance(index, slice):
+            rows = list(range(self.size))[index]
+        else:
+            rows = [int(i) for i in index]
+        idx = torch.tensor(rows, dtype=torch.long)
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor):
+                out[name] = value.index_select(0, idx)
+            elif isinstance(value, list):
+                out[name] = [value[i] for i in rows]
+            else:
+                out[name] = value
+        return TrainBatch(**out)
+
+
+def collate(trajs: list[Trajectory], pad_id: int = 0) -> TrainBatch:
+    """Pads trajectories into a :class:`TrainBatch` (right padding, loss only on generated ids)."""
+    if not trajs:
+        raise ValueError("cannot collate an empty list of trajectories")
+    seqs = [t.to_sequence() for t in trajs]
+    width = max(len(s[0]) for s in seqs)
+    bsz = len(seqs)
+    input_ids = torch.full((bsz, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((bsz, width), dtype=torch.long)
+    loss_mask = torch.zeros((bsz, width), dtype=torch.float32)
+    old_lp = torch.zeros((bsz, width), dtype=torch.float32)
+    rewards = torch.zeros((bsz, width), dtype=torch.float32)
+    for i, (ids, mask, logp, rew) in enumerate(seqs):
+        n = len(ids)
+        input_ids[i, :n] = torch.tensor(ids, dtype=torch.long)
+        attention[i, :n] = 1
+        loss_mask[i, :n] = torch.tensor(mask, dtype=torch.float32)
+        old_lp[i, :n] = torch.tensor(logp, dtype=torch.float32)
+        rewards[i, :n] = torch.tensor(rew, dtype=torch.float32)
+    loss_mask[:, 0] = 0.0  # nothing predicts the first token
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        loss_mask=loss_mask,
+        old_logprobs=old_lp,
+        token_rewards=rewards,
+        group_ids=[t.group_id for t in trajs],
+        seq_rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
+    )

@@ -1,0 +1,1 @@
+"""agentrt.envs (see DESIGN.md)."""

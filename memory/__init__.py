@@ -1,0 +1,1 @@
+"""agentrt.memory (see DESIGN.md)."""

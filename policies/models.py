@@ -1,0 +1,114 @@
+"""Small local models: a Llama-architecture causal LM and a byte-level tokenizer, built in code.
+
+Nothing can be downloaded here, so tests, examples and benchmarks build their model with
+:func:`build_model` and save it in Hugging Face format; transformers (and vLLM) then load the folder
+like any other checkpoint. Any local Hugging Face model folder works the same way through
+:func:`load_model`.
+
+Presets keep head_dim = 64 because vLLM's CPU attention rejects smaller heads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
+
+from agentrt.errors import ModelLoadError
+
+SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>"}
+
+# name -> LlamaConfig overrides (head_dim = hidden_size / num_attention_heads = 64 throughout).
+PRESETS: dict[str, dict[str, int]] = {
+    "llama-nano": dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=1, num_key_value_heads=1),
+    "llama-tiny": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=2),
+    "llama-small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=4),
+    "llama-base": dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=8,
+                       num_attention_heads=8, num_key_value_heads=8),
+}
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer: one token per UTF-8 byte plus <pad>, <bos>, <eos>.
+
+    It encodes any string (any language, any bytes) without unknown tokens, and one character of
+    ASCII is one token, which keeps digit-level tasks learnable by tiny models.
+    """
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS.values())}
+    for ch in sorted(alphabet):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIAL_TOKENS.values()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False,
+                                   **SPECIAL_TOKENS)
+
+
+def model_config(preset: str = "llama-tiny", vocab_size: int = 259, **overrides: Any) -> LlamaConfig:
+    """LlamaConfig of a preset (see :data:`PRESETS`), with any field overridden."""
+    if preset not in PRESETS:
+        raise ModelLoadError(f"unknown model preset {preset!r}; valid: {', '.join(PRESETS)}")
+    fields: dict[str, Any] = dict(
+        vocab_size=vocab_size, max_position_embeddings=2048, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, rope_theta=10000.0, attention_bias=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    fields.update(PRESETS[preset])
+    fields.update(overrides)
+    return LlamaConfig(**fields)
+
+
+def build_model(out_dir: str | Path, preset: str = "llama-tiny", seed: int = 0,
+                **overrides: Any) -> Path:
+    """Builds a randomly initialised model + tokenizer and saves both to ``out_dir`` (HF format).
+
+    Returns:
+        The folder, loadable with ``AutoModelForCausalLM.from_pretrained`` and
+        ``AutoTokenizer.from_pretrained``.
+    """
+    out = Path(out_dir)
+    tokenizer = build_tokenizer()
+    cfg = model_config(preset, vocab_size=len(tokenizer), **overrides)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / "agentrt_model.json").write_text(json.dumps({"preset": preset, "seed": seed}))
+    return out
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32
+               ) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+    """Loads any local Hugging Face causal-LM folder. Raises ModelLoadError with one clear line."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ModelLoadError(f"model folder {str(folder)!r} does not exist; set policy.model.path "
+                             "to a local Hugging Face folder or use policy.model.preset")
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(f"model folder {str(folder)!r} has no config.json; it is not a "
+                             "Hugging Face model folder")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"cannot load model from {str(folder)!r}: {first}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

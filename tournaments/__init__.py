@@ -1,0 +1,1 @@
+"""agentrt.tournaments (see DESIGN.md)."""
