@@ -1,0 +1,482 @@
+"""The hybrid engine: one object holding a policy's trainable model and its rollout backend.
+
+Rollout and training use the same weights. With the Hugging Face backend the rollout *is* the
+trainable module (``model.generate``), so a training step is visible to the next rollout with no
+copy at all; other backends (vLLM) receive the weights through ``sync``.
+
+The engine owns everything per policy that an algorithm needs: reference model for KL (a frozen
+copy, or the base with the adapter disabled for LoRA policies), an optional critic, the optimizer
+and LR schedule, and the KL controller. The trainer only calls ``generate``, ``prepare``,
+``compute_advantages`` and ``update``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from agentrt.algos import (
+    ADVANTAGES,
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    AdvantageInputs,
+    aggregate,
+    entropy_from_logits,
+    sft_token_loss,
+    value_token_loss,
+)
+from agentrt.config import OptimConfig, PolicyConfig, SamplingConfig
+from agentrt.policies.models import build_model, load_model
+from agentrt.types import TrainBatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Completion:
+    """One generated response.
+
+    Attributes:
+        response_ids: Generated token ids, eos included when generation stopped on eos.
+        logprobs: Log-probability of each generated id under the temperature-scaled policy.
+        finished: True when it stopped on eos, False when cut by ``max_new_tokens``.
+    """
+
+    response_ids: list[int]
+    logprobs: list[float]
+    finished: bool
+
+
+def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[ids] without materialising the full log-softmax. [B,T,V],[B,T]->[B,T]."""
+    picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def shift_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Per-token log-probs aligned with ``input_ids`` (position 0 gets 0). [B,T,V] -> [B,T]."""
+    lp = token_logprobs(logits[:, :-1], input_ids[:, 1:])
+    return torch.nn.functional.pad(lp, (1, 0))
+
+
+class ValueModel(nn.Module):
+    """Critic: the policy's transformer body with a scalar head, initialised from policy weights.
+
+    ``forward`` returns values aligned like log-probs: position t holds V(input_ids[:, :t]), the
+    value of the state in which token t is generated.
+    """
+
+    def __init__(self, causal_lm: nn.Module) -> None:
+        super().__init__()
+        self.body = copy.deepcopy(causal_lm.get_decoder())
+        hidden = causal_lm.config.hidden_size
+        self.head = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        values = self.head(hidden[:, :-1].float()).squeeze(-1)
+        return torch.nn.functional.pad(values, (1, 0))
+
+
+def make_optimizer(params: list[nn.Parameter], cfg: OptimConfig, lr: float | None = None
+                   ) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=lr or cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                             weight_decay=cfg.weight_decay)
+
+
+def make_scheduler(opt: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int
+                   ) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, then constant, linear or cosine decay to ``min_lr_ratio``."""
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        if cfg.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        decay = 1.0 - progress if cfg.schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def chunks(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(n, start + size))
+
+
+class HybridEngine:
+    """Trainable model + rollout over the same weights for one policy.
+
+    Args:
+        cfg: The policy's config.
+        seed: Seeds LoRA/critic initialisation and mini-batch shuffling.
+        workdir: Where a preset model is built (default: a temporary folder).
+        total_steps: Training steps the LR schedule spans (linear/cosine decay).
+    """
+
+    def __init__(self, cfg: PolicyConfig, seed: int = 0, workdir: str | Path | None = None,
+                 total_steps: int = 1000) -> None:
+        self.cfg = cfg
+        self.policy_id = cfg.id
+        self.version = 0
+        self.algo = cfg.algorithm
+        self.autocast_dtype = torch.bfloat16 if cfg.model.dtype == "bf16" else None
+        path = self._resolve_model_path(workdir, seed)
+        torch.manual_seed(seed)
+        model, self.tokenizer = load_model(path)
+        self.model_path = path
+        self.is_lora = cfg.lora.enabled
+        if self.is_lora:
+            from peft import LoraConfig as PeftLoraConfig
+            from peft import get_peft_model
+
+            peft_cfg = PeftLoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha,
+                                      lora_dropout=cfg.lora.dropout,
+                                      target_modules=list(cfg.lora.target_modules),
+                                      task_type="CAUSAL_LM")
+            model = get_peft_model(model, peft_cfg)
+        self.model = model
+        self.model.eval()  # dropout off: rollout and training see the same function
+        self.ref_model = self._make_reference()
+        self.critic = ValueModel(self._base_lm()) if self.algo.critic else None
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(params, cfg.optim)
+        self.scheduler = make_scheduler(self.optimizer, cfg.optim, total_steps)
+        self.critic_optimizer = (
+            make_optimizer(list(self.critic.parameters()), cfg.optim, lr=self.algo.critic_lr)
+            if self.critic is not None else None
+        )
+        self.kl_ctl = KL_CONTROLLERS.get(self.algo.kl.controller)(self.algo.kl)
+        self.shuffle_gen = torch.Generator().manual_seed(seed)
+        self.skipped_steps = 0
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _resolve_model_path(self, workdir: str | Path | None, seed: int) -> Path:
+        if self.cfg.model.path is not None:
+            return Path(self.cfg.model.path)
+        base = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="agentrt-"))
+        folder = base / f"base_model_{self.cfg.model.preset}"
+        if not (folder / "config.json").is_file():
+            build_model(folder, self.cfg.model.preset, seed=seed)
+        return folder
+
+    def _base_lm(self) -> nn.Module:
+        return self.model.get_base_model() if self.is_lora else self.model
+
+    def _make_reference(self) -> nn.Module | None:
+        """Frozen copy for full-weight policies with KL on; LoRA policies disable the adapter."""
+        if self.algo.kl.coef == 0.0 or self.is_lora:
+            return None
+        ref = copy.deepcopy(self.model)
+        ref.requires_grad_(False)
+        return ref.eval()
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.algo.kl.coef > 0.0
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast("cpu", dtype=self.autocast_dtype)
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    @property
+    def eos_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    # ------------------------------------------------------------------ rollout
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None
+                 ) -> list[Completion]:
+        """Samples one response per prompt, in batches of ``rollout.batch_size``.
+
+        Args:
+            prompts: Token-id lists (non-empty).
+            sampling: Overrides ``cfg.rollout.sampling`` (temperature 0 means greedy).
+        """
+        s = sampling or self.cfg.rollout.sampling
+        out: list[Completion] = []
+        for part in chunks(len(prompts), self.cfg.rollout.batch_size):
+            out += self._generate_batch(prompts[part], s)
+        return out
+
+    def _generate_batch(self, prompts: list[list[int]], s: SamplingConfig) -> list[Completion]:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token (e.g. bos)")
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):  # left padding: generation continues at the right edge
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        greedy = s.temperature == 0.0
+        gen_kwargs: dict[str, Any] = dict(
+            max_new_tokens=s.max_new_tokens, do_sample=not greedy, pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id, output_logits=True, return_dict_in_generate=True,
+        )
+        if not greedy:
+            gen_kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
+        from transformers import GenerationConfig
+
+        with self._autocast():
+            res = self.model.generate(input_ids=ids, attention_mask=mask,
+                                      generation_config=GenerationConfig(**gen_kwargs))
+        new = res.sequences[:, width:]
+        logits = torch.stack(res.logits, dim=1).float() / (1.0 if greedy else s.temperature)
+        logps = token_logprobs(logits, new)
+        return [self._trim(new[i].tolist(), logps[i].tolist()) for i in range(len(prompts))]
+
+    def _trim(self, ids: list[int], logps: list[float]) -> Completion:
+        if self.eos_id in ids:
+            end = ids.index(self.eos_id) + 1
+            return Completion(ids[:end], logps[:end], finished=True)
+        return Completion(ids, logps, finished=False)
+
+    # ------------------------------------------------------------------ forward passes
+    def _logits(self, model: nn.Module, batch: TrainBatch, scaled: bool = True) -> torch.Tensor:
+        """[B, T, V] float logits, divided by the sampling temperature when ``scaled`` (so that
+        log-probs match the distribution the rollout sampled from)."""
+        with self._autocast():
+            out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        temp = (self.cfg.rollout.sampling.temperature or 1.0) if scaled else 1.0
+        return out.logits.float() / temp
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch, reference: bool = False) -> torch.Tensor:
+        """[B, T] log-probs of ``batch.input_ids`` under the policy (or the reference)."""
+        parts = []
+        for part in chunks(batch.size, self.cfg.micro_batch_size):
+            mb = batch.select(part)
+            if reference and self.is_lora:
+                with self.model.disable_adapter():
+                    logits = self._logits(self.model, mb)
+            else:
+                logits = self._logits(self.ref_model if reference else self.model, mb)
+            parts.append(shift_logprobs(logits, mb.input_ids))
+        return torch.cat(parts) * batch.loss_mask
+
+    @torch.no_grad()
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        assert self.critic is not None
+        parts = [self.critic(batch.input_ids[p], batch.attention_mask[p])
+                 for p in chunks(batch.size, self.cfg.micro_batch_size)]
+        return torch.cat(parts) * batch.loss_mask
+
+    # ------------------------------------------------------------------ algorithm steps
+    def prepare(self, batch: TrainBatch) -> dict[str, float]:
+        """Fills old log-probs (recomputed by the trainer model), reference log-probs, values.
+
+        Recomputing old log-probs makes the PPO ratio exact even when the rollout backend's
+        numerics differ; the gap to the rollout log-probs is reported as rollout/logprob_diff.
+        """
+        rollout_lp = batch.old_logprobs
+        batch.old_logprobs = self.logprobs(batch)
+        n = batch.loss_mask.sum().clamp_min(1.0)
+        diff = ((rollout_lp - batch.old_logprobs).abs() * batch.loss_mask).sum() / n
+        metrics = {"rollout/logprob_diff": float(diff)}
+        if self.uses_reference:
+            batch.ref_logprobs = self.logprobs(batch, reference=True)
+        if self.critic is not None:
+            batch.values = self.values(batch)
+        return metrics
+
+    def compute_advantages(self, batch: TrainBatch) -> dict[str, float]:
+        """Fills ``batch.advantages`` and ``batch.returns`` with the configured estimator."""
+        rewards = batch.token_rewards
+        metrics: dict[str, float] = {}
+        if self.uses_reference and self.algo.kl.placement == "reward":
+            kl = KL_ESTIMATORS.get(self.algo.kl.estimator)(batch.old_logprobs, batch.ref_logprobs)
+            rewards = rewards - self.kl_ctl.coef * kl * batch.loss_mask
+            metrics["actor/reward_kl_penalty"] = float((kl * batch.loss_mask).sum() / batch.size)
+        inputs = AdvantageInputs(token_rewards=rewards, loss_mask=batch.loss_mask,
+                                 group_ids=batch.group_ids, values=batch.values)
+        batch.advantages, batch.returns = ADVANTAGES.get(self.algo.advantage)(inputs, self.algo)
+        return metrics
+
+    def _policy_loss(self, mb: TrainBatch, n_tok: float, n_seq: float
+                     ) -> tuple[torch.Tensor, dict[str, float]]:
+        algo = self.algo
+        logits = self._logits(self.model, mb)
+        logp = shift_logprobs(logits, mb.input_ids)
+        token_loss, metrics = POLICY_LOSSES.get(algo.policy_loss)(
+            logp, mb.old_logprobs, mb.advantages, mb.loss_mask, algo)
+        agg = lambda x: aggregate(x, mb.loss_mask, algo.loss_agg, n_tok, n_seq)  # noqa: E731
+        pg_loss = agg(token_loss)
+        entropy = agg(entropy_from_logits(logits if algo.entropy_coef else logits.detach()))
+        loss = pg_loss - algo.entropy_coef * entropy
+        metrics.update({"actor/pg_loss": float(pg_loss.detach()), "actor/entropy": float(entropy.detach())})
+        if self.uses_reference:
+            kl = agg(KL_ESTIMATORS.get(algo.kl.estimator)(logp, mb.ref_logprobs))
+            if algo.kl.placement == "loss":
+                loss = loss + self.kl_ctl.coef * kl
+            metrics["actor/kl"] = float(kl.detach())
+        return loss, metrics
+
+    def _critic_loss(self, mb: TrainBatch, n_tok: float, n_seq: float
+                     ) -> tuple[torch.Tensor, dict[str, float]]:
+        assert self.critic is not None
+        values = self.critic(mb.input_ids, mb.attention_mask)
+        token_loss, metrics = value_token_loss(values, mb.values, mb.returns, mb.loss_mask,
+                                               self.algo.value_clip)
+        loss = aggregate(token_loss, mb.loss_mask, self.algo.loss_agg, n_tok, n_seq)
+        metrics["critic/vf_loss"] = float(loss.detach())
+        return self.algo.vf_coef * loss, metrics
+
+    def optimize(self, batch: TrainBatch, loss_fn: Callable[..., tuple[torch.Tensor, dict]],
+                 optimizer: torch.optim.Optimizer, params: list[nn.Parameter], prefix: str
+                 ) -> dict[str, float]:
+        """One optimizer step on ``batch`` with gradient accumulation over micro-batches.
+
+        ``loss_fn(micro_batch, n_tokens, n_seqs)`` returns the micro-batch's share of the
+        mini-batch loss, so gradients equal those of one full-batch step. A non-finite loss or
+        gradient norm skips the step (gradients dropped, counted in ``<prefix>/skipped``).
+        """
+        n_tok = float(batch.loss_mask.sum().clamp_min(1.0))
+        n_seq = float(((batch.loss_mask.sum(-1) > 0).sum()).clamp_min(1))
+        optimizer.zero_grad(set_to_none=True)
+        metrics: dict[str, list[float]] = defaultdict(list)
+        total, finite = 0.0, True
+        for part in chunks(batch.size, self.cfg.micro_batch_size):
+            loss, m = loss_fn(batch.select(part), n_tok, n_seq)
+            if not torch.isfinite(loss):
+                finite = False
+                break
+            loss.backward()
+            total += float(loss.detach())
+            for k, v in m.items():
+                metrics[k].append(v)
+        grad_norm = float("nan")
+        if finite:
+            max_norm = self.cfg.optim.max_grad_norm or float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            finite = math.isfinite(grad_norm)
+        out = {k: sum(v) / len(v) for k, v in metrics.items()}
+        out[f"{prefix}/grad_norm"] = grad_norm
+        out[f"{prefix}/loss"] = total
+        out[f"{prefix}/skipped"] = 0.0 if finite else 1.0
+        if finite:
+            optimizer.step()
+        else:
+            optimizer.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+            log.warning("%s: non-finite loss or gradient; step skipped", prefix)
+        return out
+
+    def update(self, batch: TrainBatch) -> dict[str, float]:
+        """PPO-style update: ``ppo_epochs`` passes of ``mini_batches`` optimizer steps each.
+
+        Requires ``prepare`` and ``compute_advantages`` to have filled the batch. Bumps
+        ``version`` and steps the LR schedule and KL controller once.
+        """
+        algo = self.algo
+        actor_params = [p for p in self.model.parameters() if p.requires_grad]
+        history: dict[str, list[float]] = defaultdict(list)
+        self.model.train()
+        try:
+            for _ in range(algo.ppo_epochs):
+                order = (torch.randperm(batch.size, generator=self.shuffle_gen)
+                         if algo.mini_batches > 1 else torch.arange(batch.size))
+                for part in chunks(batch.size, math.ceil(batch.size / algo.mini_batches)):
+                    mb = batch.select(order[part])
+                    for k, v in self.optimize(mb, self._policy_loss, self.optimizer,
+                                              actor_params, "actor").items():
+                        history[k].append(v)
+                    if self.critic is not None:
+                        for k, v in self.optimize(mb, self._critic_loss, self.critic_optimizer,
+                                                  list(self.critic.parameters()), "critic").items():
+                            history[k].append(v)
+        finally:
+            self.model.eval()
+        metrics = {k: sum(v) / len(v) for k, v in history.items()}
+        metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
+        metrics["actor/kl_coef"] = self.kl_ctl.coef
+        self.scheduler.step()
+        if self.uses_reference:
+            self.kl_ctl.update(metrics.get("actor/kl", 0.0), batch.size)
+        self.version += 1
+        return metrics
+
+    def sft_update(self, batch: TrainBatch, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        """One supervised step: token-mean cross-entropy on ``loss_mask`` tokens."""
+
+        def loss_fn(mb: TrainBatch, n_tok: float, n_seq: float) -> tuple[torch.Tensor, dict]:
+            logp = shift_logprobs(self._logits(self.model, mb, scaled=False), mb.input_ids)
+            return aggregate(sft_token_loss(logp, mb.loss_mask), mb.loss_mask, "token-mean",
+                             n_tok, n_seq), {}
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.model.train()
+        try:
+            metrics = self.optimize(batch, loss_fn, optimizer, params, "sft")
+        finally:
+            self.model.eval()
+        self.version += 1
+        return metrics
+
+    # ------------------------------------------------------------------ state
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """The weights that training changes (adapter only for LoRA policies)."""
+        if self.is_lora:
+            from peft import get_peft_model_state_dict
+
+            return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        if self.is_lora:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, state)
+        else:
+            self.model.load_state_dict(state)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.trainable_state(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "critic": self.critic.state_dict() if self.critic is not None else None,
+            "critic_optimizer": (self.critic_optimizer.state_dict()
+                                 if self.critic_optimizer is not None else None),
+            "kl_ctl": self.kl_ctl.state_dict(),
+            "version": self.version,
+            "shuffle_gen": self.shuffle_gen.get_state(),
+            "skipped_steps": self.skipped_steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.load_trainable_state(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+        self.version = int(state["version"])
+        self.shuffle_gen.set_state(state["shuffle_gen"])
+        self.skipped_steps = int(state["skipped_steps"])
+
+    def save_pretrained(self, folder: str | Path) -> Path:
+        """Writes the policy in Hugging Face format (the adapter alone for LoRA policies)."""
+        folder = Path(folder)
+        self.model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        return folder
