@@ -25,6 +25,9 @@ from transformers import (
 )
 
 from agentrt.errors import ModelLoadError
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>"}
 

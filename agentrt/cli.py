@@ -1,0 +1,81 @@
+"""Command line: ``agentrt train CONFIG.yaml [--set section.field=value ...]``.
+
+Errors a user can meet print as one line (``error: ...``) with exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from agentrt.errors import AgentrtError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="agentrt: RL post-training of many language-model policies.")
+
+
+def _setup() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+@app.command()
+def train(
+    config: Path = typer.Argument(..., help="YAML config (see examples/)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
+    run_dir: Optional[str] = typer.Option(None, help="Output folder (overrides run_dir)."),
+) -> None:
+    """Train one policy on a built-in task: optional SFT warm start, then GRPO/PPO/..."""
+    _setup()
+    from agentrt.config import load_config
+    from agentrt.trainer import Trainer
+
+    overrides = list(set_ or []) + ([f"run_dir={run_dir}"] if run_dir else [])
+    cfg = load_config(config, overrides)
+    trainer = Trainer(cfg)
+    last = trainer.run()
+    acc = last.get("eval/accuracy")
+    typer.echo(f"run folder: {trainer.run_dir.path}")
+    if acc is not None:
+        typer.echo(f"final held-out accuracy: {acc:.3f}")
+    typer.echo(f"curves: {trainer.run_dir.path / 'curves.png'}")
+
+
+@app.command("check-config")
+def check_config(
+    config: Path = typer.Argument(..., help="YAML config to validate."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
+) -> None:
+    """Validate a config and print it resolved, without running anything."""
+    from agentrt.config import dump_config, load_config
+
+    typer.echo(dump_config(load_config(config, list(set_ or []))))
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except AgentrtError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        typer.echo("interrupted; the run folder holds a resumable checkpoint", err=True)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors come here too under standalone_mode=False
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()
