@@ -1,0 +1,114 @@
+"""Validated config of a memory bank (frozen pydantic; unknown keys are rejected).
+
+Example YAML::
+
+    memory:
+      banks:
+        notes: {backend: faiss, embedder: hashing, index: {kind: auto}}
+        league: {backend: redis, redis: {url: "redis://:secret@10.0.0.5:6379/0"}}
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from agentrt.memory.errors import MemoryBankError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class IndexConfig(_Section):
+    kind: Literal["auto", "flat", "hnsw", "ivf"] = Field(
+        "auto", description="FAISS index: exact flat, HNSW graph, IVF lists, or auto by size."
+    )
+    auto_threshold: int = Field(
+        50_000, gt=0, description="auto: exact flat up to this many records, HNSW above."
+    )
+    hnsw_m: int = Field(32, gt=1, description="HNSW: neighbours per node (memory vs recall).")
+    hnsw_ef_construction: int = Field(80, gt=0, description="HNSW: beam width while inserting.")
+    hnsw_ef_search: int = Field(96, gt=0, description="HNSW: beam width while searching.")
+    ivf_nlist: int | None = Field(
+        None, gt=0, description="IVF: number of lists (default sqrt(records) at build time)."
+    )
+    ivf_nprobe: int = Field(16, gt=0, description="IVF: lists visited per query.")
+    rebuild_dead_fraction: float = Field(
+        0.25, gt=0.0, le=1.0, description="Rebuild the index when this share of rows is deleted."
+    )
+
+
+class RedisConfig(_Section):
+    url: str = Field(..., description="redis:// or rediss:// (TLS) URL, e.g. redis://host:6379/0.")
+    username: str | None = Field(None, description="ACL user name (overrides the URL's).")
+    password: SecretStr | None = Field(None, description="Password (overrides the URL's).")
+    tls: bool = Field(False, description="Use TLS even when the URL says redis://.")
+    tls_ca_certs: str | None = Field(None, description="CA bundle that signs the server cert.")
+    tls_certfile: str | None = Field(None, description="Client certificate for mutual TLS.")
+    tls_keyfile: str | None = Field(None, description="Client key for mutual TLS.")
+    tls_verify: bool = Field(True, description="Verify the server certificate.")
+    connect_timeout_s: float = Field(2.0, gt=0.0, description="Give up connecting after this.")
+    socket_timeout_s: float = Field(5.0, gt=0.0, description="Give up on one reply after this.")
+    key_prefix: str = Field("agentrt:memory", min_length=1, description="Prefix of all keys.")
+    max_buffer: int = Field(
+        1_000_000, gt=0, description="Writes held in memory while Redis is down; more is an error."
+    )
+    retry_interval_s: float = Field(
+        0.2, gt=0.0, description="How often buffered writes retry while Redis is down."
+    )
+
+    @model_validator(mode="after")
+    def _scheme(self) -> RedisConfig:
+        if not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("url must start with redis://, rediss:// or unix://")
+        return self
+
+
+class BankConfig(_Section):
+    name: str = Field(
+        "default", pattern=r"^[A-Za-z0-9_.-]+$", description="Bank name (folder and key name)."
+    )
+    backend: Literal["faiss", "redis"] = Field(
+        "faiss", description="faiss: in-process, persisted in the run folder; redis: shared."
+    )
+    embedder: str = Field("hashing", description="Embedder name from memory.EMBEDDERS.")
+    dim: int | None = Field(
+        None, gt=0, description="Embedding size; default: the embedder's (hashing 256, minilm 384)."
+    )
+    path: str | None = Field(
+        None, description="faiss: bank folder (default <run_dir>/memory/<name>)."
+    )
+    index: IndexConfig = Field(default_factory=IndexConfig)
+    redis: RedisConfig | None = Field(None, description="Connection of the redis backend.")
+    snapshot_every: int = Field(
+        5000, gt=0, description="faiss: fold the write-ahead log into a snapshot every N writes."
+    )
+    fsync: bool = Field(False, description="faiss: fsync the log on every write (power-loss safe).")
+
+    @model_validator(mode="after")
+    def _checks(self) -> BankConfig:
+        from agentrt.memory.embedders import EMBEDDERS
+
+        if self.embedder not in EMBEDDERS:
+            raise ValueError(
+                f"unknown embedder {self.embedder!r}; valid: {', '.join(EMBEDDERS.names())}"
+            )
+        if self.backend == "redis" and self.redis is None:
+            raise ValueError("backend 'redis' needs a redis section with at least url")
+        return self
+
+
+def bank_config(data: dict | BankConfig | None = None, **fields: object) -> BankConfig:
+    """Validates a bank config; a bad value raises :class:`MemoryBankError` in one line."""
+    if isinstance(data, BankConfig) and not fields:
+        return data
+    raw = data.model_dump() if isinstance(data, BankConfig) else dict(data or {})
+    raw.update(fields)
+    try:
+        return BankConfig.model_validate(raw)
+    except ValidationError as exc:
+        from agentrt.config import format_validation_error
+
+        raise MemoryBankError(f"invalid memory bank config: {format_validation_error(exc)}") from None
