@@ -1,0 +1,121 @@
+"""Config of the match schedule and the factory that builds a scheduler from it.
+
+The tournament run config embeds :class:`ScheduleConfig` (YAML section ``schedule:``); the
+controller calls :func:`build_scheduler` with the entrants and envs named elsewhere in the config.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agentrt.config import format_validation_error
+from agentrt.errors import ConfigError
+from agentrt.registry import Registry
+from agentrt.tournaments.league import League, LeagueOptions
+from agentrt.tournaments.scheduling import RoundRobin, Scheduler
+from agentrt.tournaments.selfplay import PFSP, Lagged, Mirror, SnapshotRule, UniformFSP
+from agentrt.tournaments.swiss import Swiss
+from agentrt.tournaments.types import Entrant
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SnapshotConfig(_Section):
+    every: int | None = Field(20, gt=0, description="Freeze a learner every N steps (null: never).")
+    win_rate: float | None = Field(
+        0.7, gt=0.0, lt=1.0, description="Freeze early once its lowest win rate exceeds this."
+    )
+    min_steps: int = Field(5, ge=1, description="Steps between two snapshots at least.")
+    max_pool: int | None = Field(None, gt=0, description="Snapshots kept per learner (oldest go).")
+
+
+class LeagueConfig(_Section):
+    pfsp_prob: float = Field(0.5, ge=0.0, le=1.0, description="Main agents: PFSP branch share.")
+    verification_prob: float = Field(
+        0.15, ge=0.0, le=1.0, description="Main agents: share checking exploiters and forgetting."
+    )
+    selfplay_min_win_rate: float = Field(
+        0.3, ge=0.0, le=1.0, description="Main plays a live main only above this win rate."
+    )
+    exploiter_min_win_rate: float = Field(
+        0.1, ge=0.0, le=1.0, description="Main exploiter plays a live main only above this."
+    )
+    league_exploiter_reset_prob: float = Field(
+        0.25, ge=0.0, le=1.0, description="Chance a league exploiter resets after a snapshot."
+    )
+
+
+class ScheduleConfig(_Section):
+    format: Literal["round_robin", "swiss", "mirror", "lagged", "fsp", "pfsp", "league"] = Field(
+        "pfsp", description="Match format (see docs/tournaments.md)."
+    )
+    rounds: int | None = Field(
+        None, gt=0, description="round_robin/swiss: rounds (null: endless / ceil(log2 N))."
+    )
+    games_per_pairing: int = Field(
+        2, gt=0, description="round_robin/swiss: games per pairing per round (2: both seatings)."
+    )
+    lag: int = Field(1, gt=0, description="lagged: opponent is the snapshot this many versions old.")
+    pfsp_weighting: Literal["hard", "variance", "linear", "linear_capped"] = Field(
+        "hard", description="pfsp: f(x) of the win rate x; hard (1-x)^p, variance x(1-x)."
+    )
+    pfsp_exponent: float = Field(2.0, gt=0.0, description="pfsp: p of the hard weighting.")
+    win_rate_decay: float = Field(
+        0.99, gt=0.0, le=1.0, description="Per-game decay of the win-rate estimates (1: no decay)."
+    )
+    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
+    league: LeagueConfig = Field(default_factory=LeagueConfig)
+
+
+Builder = Callable[[ScheduleConfig, Sequence[Entrant], Sequence[str], int], Scheduler]
+SCHEDULERS: Registry[Builder] = Registry("match format")
+
+
+def _rule(cfg: ScheduleConfig) -> SnapshotRule:
+    s = cfg.snapshot
+    return SnapshotRule(every=s.every, win_rate=s.win_rate, min_steps=s.min_steps,
+                        max_pool=s.max_pool)
+
+
+SCHEDULERS.add("round_robin", lambda c, e, v, s: RoundRobin(
+    e, v, s, rounds=c.rounds, games_per_pairing=c.games_per_pairing))
+SCHEDULERS.add("swiss", lambda c, e, v, s: Swiss(
+    e, v, s, rounds=c.rounds, games_per_pairing=c.games_per_pairing))
+SCHEDULERS.add("mirror", lambda c, e, v, s: Mirror(
+    e, v, s, snapshot=_rule(c), win_rate_decay=c.win_rate_decay))
+SCHEDULERS.add("lagged", lambda c, e, v, s: Lagged(
+    e, v, s, lag=c.lag, win_rate_decay=c.win_rate_decay))
+SCHEDULERS.add("fsp", lambda c, e, v, s: UniformFSP(
+    e, v, s, snapshot=_rule(c), win_rate_decay=c.win_rate_decay))
+SCHEDULERS.add("pfsp", lambda c, e, v, s: PFSP(
+    e, v, s, snapshot=_rule(c), weighting=c.pfsp_weighting, exponent=c.pfsp_exponent,
+    win_rate_decay=c.win_rate_decay))
+SCHEDULERS.add("league", lambda c, e, v, s: League(
+    e, v, s, snapshot=_rule(c), win_rate_decay=c.win_rate_decay,
+    options=LeagueOptions(**c.league.model_dump())))
+
+
+def build_scheduler(cfg: ScheduleConfig | dict[str, Any], entrants: Sequence[Entrant],
+                    envs: Sequence[str], seed: int = 0) -> Scheduler:
+    """Builds the scheduler named by ``cfg.format``.
+
+    Args:
+        cfg: The ``schedule`` config (a dict is validated first).
+        entrants: Policies taking part; ``learning`` marks those the run trains.
+        envs: Env names; each pair of players cycles through them.
+        seed: Seed of the scheduler's RNG (record it with the run).
+
+    Raises:
+        ConfigError: ``cfg`` is a dict that does not validate.
+        TournamentError: the format cannot run with these entrants (e.g. no learner for pfsp).
+    """
+    if isinstance(cfg, dict):
+        try:
+            cfg = ScheduleConfig.model_validate(cfg)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid schedule: {format_validation_error(exc)}") from None
+    return SCHEDULERS.get(cfg.format)(cfg, entrants, envs, seed)

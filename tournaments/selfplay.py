@@ -1,0 +1,232 @@
+"""Self-play formats: mirror, lagged, uniform fictitious self-play (FSP) and PFSP.
+
+All four cycle through the learning entrants (one match per learner in turn) and pick an opponent:
+
+- ``mirror``: the learner against its current self; both seats are trained on.
+- ``lagged``: against its own snapshot from ``lag`` versions ago (a snapshot is taken at every
+  step; the pool keeps the last ``lag + 1``).
+- ``fsp``: uniformly over the pool (fictitious self-play, Heinrich et al. 2015: a best response
+  to the average of past strategies).
+- ``pfsp``: over the pool with probability ∝ f(P[learner beats opponent]) (AlphaStar).
+
+The pool holds frozen snapshots of every learner plus the fixed entrants (scripted baselines,
+checkpoints). Version 0 of each learner, the weights the run started with, is in the pool from
+the start; the controller must be able to load it. Later snapshots are taken by
+:class:`SnapshotRule` in :meth:`SelfPlayScheduler.on_step` and returned as
+:class:`SnapshotEvent`s that the controller materializes (e.g. saves the LoRA adapter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from agentrt.tournaments.scheduling import Scheduler, pfsp_probs
+from agentrt.tournaments.types import Entrant, Player, TournamentError
+
+
+@dataclass(frozen=True)
+class SnapshotRule:
+    """When a learner is frozen into the pool.
+
+    Attributes:
+        every: Snapshot after this many steps since the last one (None: only by win rate).
+        win_rate: Snapshot early when the learner's lowest win rate against its reference
+            opponents exceeds this (AlphaStar uses 0.7); None disables.
+        min_steps: Never snapshot sooner than this many steps after the last one.
+        max_pool: Snapshots kept per learner; the oldest are dropped (None keeps all).
+    """
+
+    every: int | None = 20
+    win_rate: float | None = 0.7
+    min_steps: int = 5
+    max_pool: int | None = None
+
+    def ready(self, steps_since: int, min_win_rate: float | None) -> bool:
+        if steps_since < self.min_steps:
+            return False
+        if self.every is not None and steps_since >= self.every:
+            return True
+        return (self.win_rate is not None and min_win_rate is not None
+                and min_win_rate > self.win_rate)
+
+
+@dataclass(frozen=True)
+class SnapshotEvent:
+    """A snapshot the controller must materialize before the next matches.
+
+    Attributes:
+        player: The new frozen player (``snapshot=True``, ``version`` = learner's version now).
+        reset: After saving it, reset the learner to its initial weights (league exploiters).
+        dropped: Snapshots that left the pool; their weights may be freed.
+    """
+
+    player: Player
+    reset: bool = False
+    dropped: tuple[Player, ...] = ()
+
+
+class SelfPlayScheduler(Scheduler):
+    """Shared parts of the self-play formats: learners, the snapshot pool, the snapshot rule."""
+
+    uses_fixed: bool = True
+
+    def __init__(self, entrants: Sequence[Entrant], envs: Sequence[str], seed: int = 0,
+                 snapshot: SnapshotRule | None = None, win_rate_decay: float = 0.99) -> None:
+        super().__init__(entrants, envs, seed)
+        self.learners = [e.policy_id for e in entrants if e.learning]
+        self.fixed = [e.policy_id for e in entrants if not e.learning]
+        if not self.learners:
+            raise TournamentError(f"format {self.name!r} needs at least one learning policy")
+        if self.fixed and not self.uses_fixed:
+            raise TournamentError(
+                f"format {self.name!r} only plays learners against themselves; use 'pfsp', 'fsp' "
+                f"or 'league' to include fixed opponents {self.fixed}"
+            )
+        self.rule = snapshot or SnapshotRule()
+        self.win_rates.decay = win_rate_decay
+        self.pool: dict[str, list[int]] = {pid: [0] for pid in self.learners}
+        self.last_snapshot: dict[str, int] = {pid: 0 for pid in self.learners}
+        self._turn = 0
+
+    # ---- pool ----------------------------------------------------------------------------
+    def snapshots(self, of: str | None = None) -> list[Player]:
+        """Frozen snapshots in the pool, of one learner or of all, oldest first."""
+        ids = [of] if of is not None else self.learners
+        return [Player(pid, v, snapshot=True) for pid in ids for v in self.pool[pid]]
+
+    def fixed_players(self) -> list[Player]:
+        return [Player(pid, self.versions[pid]) for pid in self.fixed]
+
+    def candidates(self) -> list[Player]:
+        """The opponent pool: every snapshot plus the fixed entrants."""
+        return self.snapshots() + self.fixed_players()
+
+    def population(self) -> list[Player]:
+        return [self.current(pid) for pid in self.learners] + self.candidates()
+
+    # ---- scheduling ----------------------------------------------------------------------
+    def _next_pairs(self, n: int) -> list[tuple[Player, Player]]:
+        pairs = []
+        for _ in range(n):
+            learner = self.learners[self._turn % len(self.learners)]
+            self._turn += 1
+            pairs.append((self.current(learner, learning=True), self._opponent(learner)))
+        self.round = self.step
+        return pairs
+
+    def _opponent(self, learner: str) -> Player:
+        raise NotImplementedError
+
+    def on_step(self, step: int, versions: Mapping[str, int]) -> list[SnapshotEvent]:
+        super().on_step(step, versions)
+        events = []
+        for pid in self.learners:
+            refs = [p.key for p in self._reference_opponents(pid)]
+            worst = float(self.win_rates.rates(pid, refs).min()) if refs else None
+            if self.rule.ready(step - self.last_snapshot[pid], worst):
+                event = self._take_snapshot(pid, reset=self._reset_after_snapshot(pid))
+                if event is not None:
+                    events.append(event)
+        return events
+
+    def _reference_opponents(self, learner: str) -> list[Player]:
+        """Opponents whose win rates decide a win-rate snapshot (default: the whole pool)."""
+        return self.candidates()
+
+    def _reset_after_snapshot(self, learner: str) -> bool:
+        return False
+
+    def _take_snapshot(self, pid: str, reset: bool = False) -> SnapshotEvent | None:
+        self.last_snapshot[pid] = self.step
+        version = self.versions[pid]
+        if version in self.pool[pid]:
+            return None  # weights unchanged since the last snapshot: nothing new to freeze
+        self.pool[pid].append(version)
+        dropped: list[Player] = []
+        limit = self.rule.max_pool
+        while limit is not None and len(self.pool[pid]) > limit:
+            dropped.append(Player(pid, self.pool[pid].pop(0), snapshot=True))
+        if reset:
+            self.win_rates.forget(pid)
+        return SnapshotEvent(Player(pid, version, snapshot=True), reset, tuple(dropped))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "pool": {k: list(v) for k, v in self.pool.items()},
+                "last_snapshot": dict(self.last_snapshot), "turn": self._turn}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.pool = {k: [int(x) for x in v] for k, v in state["pool"].items()}
+        self.last_snapshot = {k: int(v) for k, v in state["last_snapshot"].items()}
+        self._turn = int(state["turn"])
+
+
+class Mirror(SelfPlayScheduler):
+    """The learner plays its current self; both seats are trained on."""
+
+    name = "mirror"
+    uses_fixed = False
+
+    def _opponent(self, learner: str) -> Player:
+        return self.current(learner, learning=True)
+
+
+class Lagged(SelfPlayScheduler):
+    """The learner plays its own snapshot from ``lag`` versions ago (the oldest one early on)."""
+
+    name = "lagged"
+    uses_fixed = False
+
+    def __init__(self, entrants: Sequence[Entrant], envs: Sequence[str], seed: int = 0,
+                 lag: int = 1, win_rate_decay: float = 0.99) -> None:
+        if lag < 1:
+            raise TournamentError(f"lagged self-play needs lag >= 1, got {lag}")
+        rule = SnapshotRule(every=1, win_rate=None, min_steps=1, max_pool=lag + 1)
+        super().__init__(entrants, envs, seed, snapshot=rule, win_rate_decay=win_rate_decay)
+        self.lag = lag
+
+    def _opponent(self, learner: str) -> Player:
+        target = self.versions[learner] - self.lag
+        older = [v for v in self.pool[learner] if v <= target]
+        version = max(older) if older else min(self.pool[learner])
+        return Player(learner, version, snapshot=True)
+
+
+class UniformFSP(SelfPlayScheduler):
+    """Opponent drawn uniformly from the pool (snapshots of all learners + fixed entrants)."""
+
+    name = "fsp"
+
+    def _opponent(self, learner: str) -> Player:
+        return self._choice(self.candidates())
+
+
+class PFSP(SelfPlayScheduler):
+    """Prioritized fictitious self-play (Vinyals et al. 2019, AlphaStar, Methods).
+
+    Opponent B is drawn with probability f(x_B) / sum_C f(x_C), x_B = decayed P[learner beats B]
+    (draws half, 0.5 before any game), f from :data:`PFSP_WEIGHTINGS`: "hard" (1 - x)^p or
+    "variance" x(1 - x).
+    """
+
+    name = "pfsp"
+
+    def __init__(self, entrants: Sequence[Entrant], envs: Sequence[str], seed: int = 0,
+                 snapshot: SnapshotRule | None = None, weighting: str = "hard",
+                 exponent: float = 2.0, win_rate_decay: float = 0.99) -> None:
+        super().__init__(entrants, envs, seed, snapshot=snapshot, win_rate_decay=win_rate_decay)
+        pfsp_probs([0.5], weighting, exponent)  # unknown weighting: fail at construction
+        self.weighting, self.exponent = weighting, exponent
+
+    def opponent_probs(self, learner: str) -> tuple[list[Player], np.ndarray]:
+        """The pool and the PFSP sampling probability of each member for ``learner``."""
+        pool = self.candidates()
+        rates = self.win_rates.rates(learner, [p.key for p in pool])
+        return pool, pfsp_probs(rates, self.weighting, self.exponent)
+
+    def _opponent(self, learner: str) -> Player:
+        pool, probs = self.opponent_probs(learner)
+        return self._choice(pool, probs)
