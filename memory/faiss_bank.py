@@ -64,16 +64,11 @@ class FaissBank(MemoryBank):
     def _open_folder(self) -> None:
         assert self.path is not None
         self.path.mkdir(parents=True, exist_ok=True)
+        self._check_identity()
         current = self.path / "CURRENT"
         base_seq = 0
         if current.exists():
-            snap = self.path / current.read_text().strip()
-            state, meta = read_snapshot(snap)
-            if meta["dim"] != self.dim:
-                raise DimensionError(
-                    f"bank folder {str(self.path)!r} holds {meta['dim']}-d vectors but the bank "
-                    f"is configured for {self.dim}-d; use the same embedder and dim"
-                )
+            state, meta = read_snapshot(self.path / current.read_text().strip())
             self.store.load_state(state)
             base_seq = int(meta["seq"])
         self._seq = base_seq
@@ -85,12 +80,26 @@ class FaissBank(MemoryBank):
         self._remove_stale(keep_seq=base_seq)
         self._log = open(log_path, "a", encoding="utf-8")
 
+    def _check_identity(self) -> None:
+        """Refuses to open a folder written with another dimension (before reading any vector)."""
+        ident = self.path / "bank.json"  # type: ignore[operator]
+        if not ident.exists():
+            atomic_write_bytes(ident, json.dumps({"dim": self.dim, "embedder": self.cfg.embedder,
+                                                  "name": self.name}).encode())
+            return
+        dim = json.loads(ident.read_text())["dim"]
+        if dim != self.dim:
+            raise DimensionError(
+                f"bank folder {str(self.path)!r} holds {dim}-d vectors but the bank is "
+                f"configured for {self.dim}-d; use the same embedder and dim"
+            )
+
     def _log_path(self, seq: int) -> Path:
         return self.path / f"wal-{seq:012d}.jsonl"  # type: ignore[operator]
 
     def _remove_stale(self, keep_seq: int) -> None:
         """Deletes snapshots and logs other than the live ones (left by a crash mid-rotation)."""
-        keep = {f"snap-{keep_seq:012d}", self._log_path(keep_seq).name, "CURRENT"}
+        keep = {f"snap-{keep_seq:012d}", self._log_path(keep_seq).name, "CURRENT", "bank.json"}
         for entry in self.path.iterdir():  # type: ignore[union-attr]
             if entry.name not in keep and entry.name.startswith(("snap-", "wal-", ".")):
                 if entry.is_dir():

@@ -7,6 +7,7 @@ data on the same port. Only loopback is ever bound.
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 import signal
 import socket
@@ -29,6 +30,14 @@ def find_redis_server() -> str:
     if path is None:
         raise BackendUnavailableError(INSTALL_HINT)
     return path
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: Linux kills it if the test process dies (no orphans)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def free_port() -> int:
@@ -61,6 +70,8 @@ class RedisServer:
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         """Starts the server (a new free port the first time, the same port after a kill)."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self  # already running
         for _ in range(5):  # the free port can be taken between probing and binding: retry
             port = self.port or free_port()
             args = [self.binary, "--bind", "127.0.0.1", "--port", str(port), "--dir",
@@ -69,7 +80,8 @@ class RedisServer:
                     "--logfile", str(self.folder / "redis.log")]
             if self.password:
                 args += ["--requirepass", self.password]
-            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         preexec_fn=_die_with_parent)
             if self._wait_ready(port, timeout_s):
                 self.port = port
                 return self
@@ -85,7 +97,8 @@ class RedisServer:
                 if self.proc is not None and self.proc.poll() is not None:
                     return False
                 try:
-                    if client.ping():
+                    # Our process must still be alive: a ping could reach someone else's server.
+                    if client.ping() and self.proc is not None and self.proc.poll() is None:
                         return True
                 except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
                     time.sleep(0.02)
