@@ -1,0 +1,227 @@
+"""Match records in SQLite (``<run_dir>/matches.sqlite``): who played, seats, versions, outcome,
+length, invalid moves, env, match id, step and time.
+
+Inserts are idempotent: the match id is the primary key and a match already stored is never
+stored or counted again, so a resumed run that re-issues the same match ids (schedulers are
+deterministic) cannot double-count. Each batch is written in one transaction, so a crash leaves
+either the whole batch or none of it. Two ways to resume, depending on the run:
+
+- **training runs** (the matches' trajectories are needed again): on resume call
+  :meth:`MatchStore.truncate_after` with the checkpoint's step, so the store agrees with the
+  restored ratings and scheduler, then replay;
+- **rating-only runs** (``tournament eval``): keep everything and skip matches whose id
+  :meth:`MatchStore.get` already returns, feeding the stored results to the ratings instead.
+
+Schema: ``matches`` (one row per match) and ``seats`` (one row per seat); see ``_SCHEMA``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from agentrt.tournaments.ratings import WinMatrix
+from agentrt.tournaments.types import Match, MatchResult, Player
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS matches (
+    match_id TEXT PRIMARY KEY,      -- scheduler-issued, deterministic
+    env TEXT NOT NULL,
+    step INTEGER NOT NULL,          -- training step the match was played at
+    round INTEGER NOT NULL,
+    time REAL NOT NULL,             -- unix seconds when recorded
+    length INTEGER NOT NULL,        -- turns, all seats together
+    info TEXT NOT NULL              -- JSON
+);
+CREATE TABLE IF NOT EXISTS seats (
+    match_id TEXT NOT NULL REFERENCES matches(match_id) ON DELETE CASCADE,
+    seat INTEGER NOT NULL,
+    player_key TEXT NOT NULL,       -- rating identity: 'lm', 'lm@3', 'random'
+    policy_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    learning INTEGER NOT NULL,
+    snapshot INTEGER NOT NULL,
+    score REAL NOT NULL,            -- 1 win, 0.5 draw, 0 loss
+    invalid_moves INTEGER NOT NULL,
+    PRIMARY KEY (match_id, seat)
+);
+CREATE INDEX IF NOT EXISTS seats_by_key ON seats(player_key);
+CREATE INDEX IF NOT EXISTS matches_by_step ON matches(step);
+"""
+
+
+class MatchStore:
+    """SQLite store of match records.
+
+    Args:
+        path: The database file, or a run folder (then ``<folder>/matches.sqlite``).
+    """
+
+    FILENAME = "matches.sqlite"
+
+    def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        if path.is_dir() or not path.suffix:
+            path.mkdir(parents=True, exist_ok=True)
+            path = path / self.FILENAME
+        self.path = path
+        self._conn = sqlite3.connect(str(path), isolation_level=None)  # explicit transactions
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        self._conn.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> MatchStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- writes --------------------------------------------------------------------------
+    def add(self, results: Sequence[MatchResult], step: int, now: float | None = None) -> int:
+        """Stores results in one transaction; matches already stored are left untouched.
+
+        Args:
+            results: Results of played matches.
+            step: Training step they belong to.
+            now: Record time in unix seconds (default: the current time).
+
+        Returns:
+            How many results were new.
+        """
+        stamp = time.time() if now is None else now
+        added = 0
+        with self._transaction() as cur:
+            for r in results:
+                m = r.match
+                cur.execute(
+                    "INSERT OR IGNORE INTO matches VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (m.match_id, m.env, step, m.round, stamp, r.length, json.dumps(r.info)),
+                )
+                if cur.rowcount == 0:
+                    continue
+                added += 1
+                cur.executemany(
+                    "INSERT INTO seats VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(m.match_id, i, p.key, p.policy_id, p.version, int(p.learning),
+                      int(p.snapshot), float(r.scores[i]), int(r.invalid_moves[i]))
+                     for i, p in enumerate(m.players)],
+                )
+        return added
+
+    def truncate_after(self, step: int) -> int:
+        """Deletes matches recorded at steps > ``step`` (resume from a checkpoint at ``step``).
+
+        Returns:
+            How many matches were deleted.
+        """
+        with self._transaction() as cur:
+            cur.execute("DELETE FROM matches WHERE step > ?", (step,))
+            return cur.rowcount
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._conn)
+
+    # ---- reads ---------------------------------------------------------------------------
+    def count(self) -> int:
+        return int(self._conn.execute("SELECT COUNT(*) FROM matches").fetchone()[0])
+
+    def match_ids(self) -> set[str]:
+        return {row[0] for row in self._conn.execute("SELECT match_id FROM matches")}
+
+    def get(self, match_ids: Iterable[str]) -> dict[str, MatchResult]:
+        """Stored results among ``match_ids`` (missing ids are absent from the dict)."""
+        ids = list(match_ids)
+        out: dict[str, MatchResult] = {}
+        for chunk in range(0, len(ids), 500):
+            part = ids[chunk:chunk + 500]
+            where = f"m.match_id IN ({','.join('?' * len(part))})"
+            out.update((r.match.match_id, r) for r, _ in self._select(where, part))
+        return out
+
+    def results(self, env: str | None = None, since_step: int | None = None,
+                until_step: int | None = None) -> list[tuple[MatchResult, int]]:
+        """All stored results as ``(result, step)``, ordered by step then match id."""
+        clauses, args = [], []
+        for sql, value in (("m.env = ?", env), ("m.step >= ?", since_step),
+                           ("m.step <= ?", until_step)):
+            if value is not None:
+                clauses.append(sql)
+                args.append(value)
+        return list(self._select(" AND ".join(clauses) or "1", args))
+
+    def _select(self, where: str, args: Sequence[Any]) -> Iterator[tuple[MatchResult, int]]:
+        rows = self._conn.execute(
+            "SELECT m.match_id, m.env, m.step, m.round, m.length, m.info, s.seat, s.policy_id, "
+            "s.version, s.learning, s.snapshot, s.score, s.invalid_moves FROM matches m "
+            f"JOIN seats s ON s.match_id = m.match_id WHERE {where} "
+            "ORDER BY m.step, m.match_id, s.seat", list(args),
+        ).fetchall()
+        i = 0
+        while i < len(rows):
+            mid, env, step, rnd, length, info = rows[i][:6]
+            seats = []
+            while i < len(rows) and rows[i][0] == mid:
+                seats.append(rows[i])
+                i += 1
+            players = tuple(Player(s[7], int(s[8]), bool(s[9]), bool(s[10])) for s in seats)
+            yield MatchResult(Match(mid, env, players, int(rnd)), tuple(s[11] for s in seats),
+                              int(length), tuple(int(s[12]) for s in seats),
+                              json.loads(info)), int(step)
+
+    def win_matrix(self, env: str | None = None, since_step: int | None = None) -> WinMatrix:
+        """The full win/draw matrix over rating identities (player keys)."""
+        return WinMatrix.from_results(r for r, _ in self.results(env, since_step))
+
+    def opponent_stats(self, player_key: str, env: str | None = None,
+                       since_step: int | None = None) -> dict[str, dict[str, float]]:
+        """Per opponent key: games, score rate (draws half), win/draw/loss rates, and this
+        player's invalid moves per game, over two-seat matches."""
+        sql = (
+            "SELECT o.player_key, COUNT(*), SUM(me.score > o.score), SUM(me.score = o.score), "
+            "SUM(me.invalid_moves) FROM seats me JOIN seats o ON o.match_id = me.match_id "
+            "AND o.seat != me.seat JOIN matches m ON m.match_id = me.match_id "
+            "WHERE me.player_key = ? AND o.player_key != me.player_key"
+        )
+        args: list[Any] = [player_key]
+        if env is not None:
+            sql, args = sql + " AND m.env = ?", args + [env]
+        if since_step is not None:
+            sql, args = sql + " AND m.step >= ?", args + [since_step]
+        out = {}
+        for opp, games, wins, draws, invalid in self._conn.execute(sql + " GROUP BY o.player_key",
+                                                                   args):
+            out[opp] = {"games": games, "win_rate": wins / games, "draw_rate": draws / games,
+                        "loss_rate": (games - wins - draws) / games,
+                        "score": (wins + 0.5 * draws) / games, "invalid_per_game": invalid / games}
+        return out
+
+    def seat_stats(self, env: str | None = None) -> dict[int, dict[str, float]]:
+        """Per seat: games and mean score (first-mover advantage at a glance)."""
+        sql = ("SELECT s.seat, COUNT(*), AVG(s.score) FROM seats s JOIN matches m "
+               "ON m.match_id = s.match_id")
+        args: list[Any] = []
+        if env is not None:
+            sql, args = sql + " WHERE m.env = ?", [env]
+        rows = self._conn.execute(sql + " GROUP BY s.seat", args)
+        return {int(seat): {"games": n, "score": avg} for seat, n, avg in rows}
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any exception (nothing half-written)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> sqlite3.Cursor:
+        self._conn.execute("BEGIN IMMEDIATE")
+        self._cur = self._conn.cursor()
+        return self._cur
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self._conn.execute("ROLLBACK" if exc_type is not None else "COMMIT")
