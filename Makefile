@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench install clean
+.PHONY: demo test test-fast bench install clean redis-server
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,10 +20,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/agentrt train examples/arith_grpo.yaml
 
-test: $(STAMP)
+# Memory tests start their own real redis-server on 127.0.0.1; install Debian's when missing.
+redis-server:
+	@command -v redis-server >/dev/null || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server)
+
+test: $(STAMP) redis-server
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) redis-server
 	$(BIN)/python -m pytest -m "not slow"
 
 bench: $(STAMP)

@@ -16,3 +16,31 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
     from agentrt.policies import build_model
 
     return build_model(tmp_path_factory.mktemp("models") / "llama-tiny", "llama-tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray runtime with 2 CPUs, started once and shared by every test that needs Ray."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def redis_server():
+    """A real redis-server on a free 127.0.0.1 port (AOF on), killed after the test.
+
+    Fails, never skips, when redis-server is not installed: `make test` installs it.
+    """
+    from agentrt.memory.errors import BackendUnavailableError
+    from agentrt.memory.redis_server import RedisServer
+
+    try:
+        server = RedisServer().start()
+    except BackendUnavailableError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.stop()
