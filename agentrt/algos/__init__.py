@@ -18,9 +18,11 @@ from agentrt.algos.losses import (
     sft_token_loss,
     value_token_loss,
 )
+# importing rae registers the "rae" estimator in ADVANTAGES
+from agentrt.algos.rae import RAE_BASELINES, RAEState, rae_group_id, use_rae_state
 
 __all__ = [
     "ADVANTAGES", "AdvantageInputs", "masked_whiten", "KL_CONTROLLERS", "KL_ESTIMATORS",
     "AGGREGATIONS", "POLICY_LOSSES", "aggregate", "entropy_from_logits", "sft_token_loss",
-    "value_token_loss",
+    "value_token_loss", "RAE_BASELINES", "RAEState", "rae_group_id", "use_rae_state",
 ]
