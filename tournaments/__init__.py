@@ -46,12 +46,19 @@ from agentrt.tournaments.selfplay import (
     Lagged,
     Mirror,
     SelfPlayScheduler,
-    SnapshotEvent,
     SnapshotRule,
     UniformFSP,
 )
+from agentrt.tournaments.session import Tournament
 from agentrt.tournaments.swiss import Swiss
-from agentrt.tournaments.types import Entrant, Match, MatchResult, Player, TournamentError
+from agentrt.tournaments.types import (
+    Entrant,
+    Match,
+    MatchResult,
+    Player,
+    SnapshotEvent,
+    TournamentError,
+)
 
 __all__ = [
     "SCHEDULERS", "LeagueConfig", "ScheduleConfig", "SnapshotConfig", "build_scheduler",
@@ -60,5 +67,5 @@ __all__ = [
     "build_leaderboard", "format_leaderboard", "write_report", "PFSP_WEIGHTINGS", "RoundRobin",
     "Scheduler", "SeatBalancer", "WinRates", "load_state", "pfsp_probs", "save_state", "PFSP",
     "Lagged", "Mirror", "SelfPlayScheduler", "SnapshotEvent", "SnapshotRule", "UniformFSP",
-    "Swiss", "Entrant", "Match", "MatchResult", "Player", "TournamentError",
+    "Swiss", "Tournament", "Entrant", "Match", "MatchResult", "Player", "TournamentError",
 ]

@@ -59,7 +59,7 @@ class ScheduleConfig(_Section):
     games_per_pairing: int = Field(
         2, gt=0, description="round_robin/swiss: games per pairing per round (2: both seatings)."
     )
-    lag: int = Field(1, gt=0, description="lagged: opponent is the snapshot this many versions old.")
+    lag: int = Field(1, gt=0, description="lagged: play the snapshot this many versions old.")
     pfsp_weighting: Literal["hard", "variance", "linear", "linear_capped"] = Field(
         "hard", description="pfsp: f(x) of the win rate x; hard (1-x)^p, variance x(1-x)."
     )

@@ -144,6 +144,17 @@ class MatchStore:
             out.update((r.match.match_id, r) for r, _ in self._select(where, part))
         return out
 
+    def steps_of(self, match_ids: Iterable[str]) -> dict[str, int]:
+        """Step at which each stored match among ``match_ids`` was recorded."""
+        ids = list(match_ids)
+        out: dict[str, int] = {}
+        for chunk in range(0, len(ids), 500):
+            part = ids[chunk:chunk + 500]
+            marks = ",".join("?" * len(part))
+            out.update(self._conn.execute(
+                f"SELECT match_id, step FROM matches WHERE match_id IN ({marks})", part))
+        return out
+
     def results(self, env: str | None = None, since_step: int | None = None,
                 until_step: int | None = None) -> list[tuple[MatchResult, int]]:
         """All stored results as ``(result, step)``, ordered by step then match id."""

@@ -34,7 +34,14 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import numpy as np
 
 from agentrt.registry import Registry
-from agentrt.tournaments.types import Entrant, Match, MatchResult, Player, TournamentError
+from agentrt.tournaments.types import (
+    Entrant,
+    Match,
+    MatchResult,
+    Player,
+    SnapshotEvent,
+    TournamentError,
+)
 
 # --------------------------------------------------------------------------------------------
 # PFSP weightings (AlphaStar, Vinyals et al. 2019, Nature 575; "Methods: prioritized fictitious
@@ -189,12 +196,12 @@ class Scheduler(ABC):
         for r in results:
             self.win_rates.update_from(r)
 
-    def on_step(self, step: int, versions: Mapping[str, int]) -> list[Any]:
+    def on_step(self, step: int, versions: Mapping[str, int]) -> list[SnapshotEvent]:
         """Tells the scheduler the training step and each learner's weight version.
 
         Returns:
-            Snapshot events (:class:`agentrt.tournaments.selfplay.SnapshotEvent`) the controller
-            must materialize before the next :meth:`next_matches`; none for rating formats.
+            Snapshot events the controller must materialize before the next
+            :meth:`next_matches`; always empty for the rating formats.
         """
         self.step = step
         self.versions.update({k: int(v) for k, v in versions.items() if k in self.versions})

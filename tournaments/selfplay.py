@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from agentrt.tournaments.scheduling import Scheduler, pfsp_probs
-from agentrt.tournaments.types import Entrant, Player, TournamentError
+from agentrt.tournaments.types import Entrant, Player, SnapshotEvent, TournamentError
 
 
 @dataclass(frozen=True)
@@ -51,21 +51,6 @@ class SnapshotRule:
             return True
         return (self.win_rate is not None and min_win_rate is not None
                 and min_win_rate > self.win_rate)
-
-
-@dataclass(frozen=True)
-class SnapshotEvent:
-    """A snapshot the controller must materialize before the next matches.
-
-    Attributes:
-        player: The new frozen player (``snapshot=True``, ``version`` = learner's version now).
-        reset: After saving it, reset the learner to its initial weights (league exploiters).
-        dropped: Snapshots that left the pool; their weights may be freed.
-    """
-
-    player: Player
-    reset: bool = False
-    dropped: tuple[Player, ...] = ()
 
 
 class SelfPlayScheduler(Scheduler):

@@ -139,3 +139,18 @@ class MatchResult:
 
     def score_of(self, seat: int) -> float:
         return float(self.scores[seat])
+
+
+@dataclass(frozen=True)
+class SnapshotEvent:
+    """A snapshot the controller must materialize before the next matches.
+
+    Attributes:
+        player: The new frozen player (``snapshot=True``, ``version`` = learner's version now).
+        reset: After saving it, reset the learner to its initial weights (league exploiters).
+        dropped: Snapshots that left the pool; their weights may be freed.
+    """
+
+    player: Player
+    reset: bool = False
+    dropped: tuple[Player, ...] = ()

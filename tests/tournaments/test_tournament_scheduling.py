@@ -175,7 +175,7 @@ def test_pfsp_frequencies_match_the_weighting_formula(weighting: str) -> None:
     f = (1.0 - x) ** 2 if weighting == "hard" else x * (1.0 - x)  # AlphaStar f_hard, f_var
     expected = f / f.sum()
 
-    n = 20000
+    n = 10000
     counts = Counter(next(p.key for p in m.players if not p.learning)
                      for m in sched.next_matches(n))
     observed = np.array([counts[k] for k in PFSP_TABLE])
