@@ -20,10 +20,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/agentrt train examples/arith_grpo.yaml
 
-# Memory tests start their own real redis-server on 127.0.0.1; install Debian's when missing.
+# Memory tests start their own real redis-server on 127.0.0.1 (openssl makes its TLS test
+# certificates); install Debian's packages when missing.
 redis-server:
-	@command -v redis-server >/dev/null || (apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server)
+	@(command -v redis-server && command -v openssl) >/dev/null || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		redis-server openssl)
 
 test: $(STAMP) redis-server
 	$(BIN)/python -m pytest

@@ -106,6 +106,11 @@ def connect(cfg: RedisConfig) -> redis.Redis:
     except redis.ResponseError as exc:
         raise BackendUnavailableError(f"Redis at {shown} refused the connection ({exc})") from None
     except (*DOWN_ERRORS, ValueError) as exc:
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            raise BackendUnavailableError(
+                f"Redis at {shown}: the server's TLS certificate could not be verified ({exc}); "
+                "set memory.redis.tls_ca_certs to the CA that signed it"
+            ) from None
         raise BackendUnavailableError(
             f"Redis at {shown} did not answer within {cfg.connect_timeout_s:g} s ({exc}); "
             "start redis-server there or fix memory.redis.url"

@@ -53,20 +53,26 @@ class RedisServer:
     Args:
         password: requirepass, when given.
         folder: Data folder (a temporary one by default, removed by :meth:`stop`).
+        tls: ``(cert_file, key_file, ca_file)``: serve TLS only (``rediss://``) with this
+            certificate; clients are not asked for certificates.
     """
 
-    def __init__(self, password: str | None = None, folder: str | Path | None = None) -> None:
+    def __init__(self, password: str | None = None, folder: str | Path | None = None,
+                 tls: tuple[str, str, str] | None = None) -> None:
         self.binary = find_redis_server()
         self.password = password
+        self.tls = tls
         self._own_folder = folder is None
         self.folder = Path(folder or tempfile.mkdtemp(prefix="agentrt-redis-"))
+        self.folder.mkdir(parents=True, exist_ok=True)
         self.port = 0
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         """Starts the server (a new free port the first time, the same port after a kill)."""
@@ -74,7 +80,13 @@ class RedisServer:
             return self  # already running
         for _ in range(5):  # the free port can be taken between probing and binding: retry
             port = self.port or free_port()
-            args = [self.binary, "--bind", "127.0.0.1", "--port", str(port), "--dir",
+            ports = ["--port", str(port)]
+            if self.tls:
+                cert, key, ca = self.tls
+                ports = ["--port", "0", "--tls-port", str(port), "--tls-cert-file", cert,
+                         "--tls-key-file", key, "--tls-ca-cert-file", ca,
+                         "--tls-auth-clients", "no"]
+            args = [self.binary, "--bind", "127.0.0.1", *ports, "--dir",
                     str(self.folder), "--appendonly", "yes", "--appendfsync", "always",
                     "--save", "", "--protected-mode", "yes", "--daemonize", "no",
                     "--logfile", str(self.folder / "redis.log")]
@@ -89,8 +101,9 @@ class RedisServer:
         raise BackendUnavailableError(f"redis-server did not start; see {self.folder}/redis.log")
 
     def _wait_ready(self, port: int, timeout_s: float) -> bool:
+        tls = dict(ssl=True, ssl_ca_certs=self.tls[2]) if self.tls else {}
         client = redis.Redis(host="127.0.0.1", port=port, password=self.password,
-                             socket_connect_timeout=0.2)
+                             socket_connect_timeout=0.2, **tls)
         deadline = time.monotonic() + timeout_s
         try:
             while time.monotonic() < deadline:

@@ -144,3 +144,50 @@ def test_two_ray_workers_see_each_others_writes_within_one_second(ray_session, r
         assert waited is not None, f"record {n} was not visible on the other worker within 1 s"
     for w in (w1, w2):
         ray.kill(w)
+
+
+def make_certs(folder) -> tuple[str, str, str]:
+    """A throwaway CA and a server certificate for 127.0.0.1, made with the openssl CLI."""
+    import shutil
+    import subprocess
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.fail("openssl not found on PATH; `make test` installs it with redis-server",
+                    pytrace=False)
+    f = {n: str(folder / n) for n in ("ca.key", "ca.crt", "s.key", "s.csr", "s.crt", "san.ext")}
+    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for cmd in (
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f["ca.key"], "-out",
+         f["ca.crt"], "-days", "2", "-subj", "/CN=agentrt test CA"],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", f["s.key"], "-out", f["s.csr"],
+         "-subj", "/CN=127.0.0.1"],
+        ["x509", "-req", "-in", f["s.csr"], "-CA", f["ca.crt"], "-CAkey", f["ca.key"],
+         "-CAcreateserial", "-out", f["s.crt"], "-days", "2", "-extfile", f["san.ext"]],
+    ):
+        subprocess.run([openssl, *cmd], check=True, capture_output=True)
+    return f["s.crt"], f["s.key"], f["ca.crt"]
+
+
+def test_tls_connection_with_ca_file(tmp_path):
+    cert, key, ca = make_certs(tmp_path)
+    with RedisServer(tls=(cert, key, ca), password="pw") as server:
+        assert server.url.startswith("rediss://")
+        bank = open_bank({"name": "tls", "backend": "redis",
+                          "redis": {"url": server.url, "tls_ca_certs": ca}})
+        rid = bank.write("sent over TLS", policy_id="p")
+        bank.close()
+        # Same server through the `tls` switch and a redis:// URL.
+        plain_url = server.url.replace("rediss://", "redis://")
+        again = open_bank({"name": "tls", "backend": "redis",
+                           "redis": {"url": plain_url, "tls": True, "tls_ca_certs": ca}})
+        assert again.get([rid])[0].text == "sent over TLS"
+        again.close()
+        # Without the CA the server certificate cannot be verified: one clear error.
+        with pytest.raises(BackendUnavailableError, match="tls_ca_certs"):
+            open_bank({"name": "tls", "backend": "redis",
+                       "redis": {"url": server.url, "connect_timeout_s": 1}})
+        # Plain TCP to a TLS port: one clear error, not a hang.
+        with pytest.raises(BackendUnavailableError):
+            open_bank({"name": "tls", "backend": "redis",
+                       "redis": {"url": plain_url, "connect_timeout_s": 1, "socket_timeout_s": 1}})
