@@ -1,4 +1,4 @@
-"""Role-conditioned advantage estimation "rae" (SPIRAL, Liu et al. 2025, arXiv:2506.24119, Sec. 3.3).
+"""Role-conditioned advantage estimation "rae" (SPIRAL, Liu et al. 2025, arXiv:2506.24119).
 
 In zero-sum self-play the two roles of one game have different expected returns (first-mover
 advantage), so one baseline for both biases each role's advantage. RAE keeps one exponential
