@@ -89,3 +89,24 @@ def test_state_round_trips_per_policy_for_checkpoints() -> None:
     assert [restored.baseline(g) for g in ids] == [pytest.approx(0.1), pytest.approx(-0.1), 0.0]
     with pytest.raises(ValueError, match="alpha"):
         RAEState(alpha=1.0)
+
+
+def test_rae_on_collated_multi_turn_trajectories() -> None:
+    """End to end through the real data types: two seats of one tic-tac-toe game, multi-turn."""
+    from agentrt.types import Trajectory, Turn, collate
+
+    def traj(role: str, outcome: float) -> Trajectory:
+        t1 = Turn([1, 2], [3, 4], [-0.1, -0.2], role=role, policy_id="lm")
+        t2 = Turn([1, 2, 3, 4, 5], [6], [-0.3], reward=outcome, role=role, policy_id="lm")
+        return Trajectory([t1, t2], group_id=rae_group_id("ttt", role, "lm"), env="ttt",
+                          role=role, policy_id="lm", outcome=outcome)
+
+    batch = collate([traj("player_0", 1.0), traj("player_1", -1.0)])
+    inputs = AdvantageInputs(batch.token_rewards, batch.loss_mask, batch.group_ids)
+    with use_rae_state(RAEState(alpha=0.5)) as state:
+        ADVANTAGES.get("rae")(inputs, AlgorithmConfig(advantage="rae"))
+        adv, _ = ADVANTAGES.get("rae")(inputs, AlgorithmConfig(advantage="rae"))
+    # baselines after one batch: +0.5 and -0.5; advantages only on the 3 generated tokens
+    assert state.baseline("ttt|player_0|lm") == pytest.approx(0.75)
+    assert torch.allclose(adv[0], torch.tensor([0, 0, 0.5, 0.5, 0, 0.5]))
+    assert torch.allclose(adv[1], torch.tensor([0, 0, -0.5, -0.5, 0, -0.5]))
