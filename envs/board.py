@@ -44,6 +44,13 @@ class TicTacToe(MultiAgentEnv):
     metadata = {"render_modes": ["ansi"], "name": "tic_tac_toe"}
     possible_agents = ["player_0", "player_1"]
 
+    @staticmethod
+    def vector_game() -> Any:
+        """The numpy twin used by the runner's fast path (``agentrt.envs.vector``)."""
+        from agentrt.envs.vector import TicTacToeVector
+
+        return TicTacToeVector()
+
     def _reset(self, options: dict[str, Any]) -> None:
         self.board = [0] * 9
         self.moves: list[int] = []

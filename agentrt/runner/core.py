@@ -1,0 +1,414 @@
+"""The episode runner: plays many episodes at once and returns token-exact trajectories.
+
+Each tick, every live episode waits on the policy of its agent to move; the requests of all
+episodes waiting on the same policy go to that policy in one ``act`` call (one batched generate
+for an LM policy). Finished episodes are replaced from the queue until all specs are played.
+
+    runner = EpisodeRunner({"lm": LMPolicy(engine), "random": RandomPolicy(seed=1)},
+                           RunnerConfig(concurrency=256))
+    result = runner.run(specs("TicTacToe-v0", ("lm", "random"), n=1024, seed=0))
+    result.trajectories   # trainable policies' turns only, one Trajectory per (episode, agent)
+    result.episodes       # EpisodeRecord per spec: seats, returns, results, invalid counts
+    result.metrics        # match/..., reward/..., rollout/..., timing_s/..., perf/...
+
+Outcomes: ``Trajectory.outcome`` is the score 1 (win), 0.5 (draw), 0 (loss) in multi-agent games
+(win = strictly highest return) and the return in single-agent envs; ``info["result"]`` names it.
+An invalid action adds ``invalid_penalty`` to that turn; in "end" mode (or after ``max_retries``
+invalid actions in a row in "retry" mode) the offender forfeits: it loses, the others win. The
+turn limit ends a game as a truncated draw.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrt.envs import make_multi
+from agentrt.errors import AgentrtError, ConfigError
+from agentrt.policies.base import Action, ActRequest, Policy, as_policy
+from agentrt.types import Trajectory, Turn
+
+
+class RunnerConfig(BaseModel):
+    """Episode runner settings (frozen; unknown keys rejected)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    concurrency: int = Field(256, gt=0, description="Episodes played at once.")
+    random_seats: bool = Field(True, description="Shuffle players over seats per episode.")
+    invalid_action: Literal["end", "retry"] = Field(
+        "end", description="An invalid action ends the game (offender forfeits) or is asked again.")
+    invalid_penalty: float = Field(-1.0, description="Reward added to an invalid action's turn.")
+    max_retries: int = Field(2, ge=0, description="'retry': invalid actions in a row allowed "
+                                                  "before the offender forfeits.")
+    max_turns: int = Field(100, gt=0, description="Actions per episode before a truncated draw.")
+    seed: int = Field(0, description="Seeds seat shuffling and default episode seeds.")
+    record_text: bool = Field(False, description="Keep observation text in Turn.info (logs).")
+    vectorize: bool = Field(True, description="Use the numpy fast path when every policy is "
+                                              "scripted and the env has a vector game.")
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One episode to play.
+
+    Attributes:
+        env: Registered env id.
+        players: Policy ids, one per seat of the env (shuffled over seats if random_seats).
+        seed: Env seed (default: derived from the runner seed and the spec's position).
+        env_kwargs: Keyword arguments of ``make``.
+        options: Passed to ``env.reset(options=...)``.
+        group: Group key for baselines (default: the seed for single-agent envs whose seed fixes
+            the task, else the opponents' policy ids).
+    """
+
+    env: str
+    players: tuple[str, ...]
+    seed: int | None = None
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] | None = None
+    group: str | None = None
+
+
+def specs(env: str, players: Sequence[str], n: int, seed: int = 0, **kwargs: Any
+          ) -> list[EpisodeSpec]:
+    """``n`` specs of ``env`` with seeds ``seed, seed+1, ...`` (kwargs go to EpisodeSpec)."""
+    return [EpisodeSpec(env, tuple(players), seed + i, **kwargs) for i in range(n)]
+
+
+@dataclass
+class EpisodeRecord:
+    """What happened in one episode (all agents, trainable or not)."""
+
+    episode_id: str
+    env: str
+    seed: int
+    seats: dict[str, str]
+    returns: dict[str, float]
+    results: dict[str, str]
+    num_actions: int
+    invalid: dict[str, int]
+    ended_by: str
+    final_infos: dict[str, dict[str, Any]]
+    policy_versions: dict[str, int]
+
+    @property
+    def truncated(self) -> bool:
+        return self.ended_by in ("truncated", "turn_limit", "context")
+
+
+@dataclass
+class RunResult:
+    trajectories: list[Trajectory]
+    episodes: list[EpisodeRecord]
+    metrics: dict[str, float]
+
+
+class _Episode:
+    """Mutable state of one live episode."""
+
+    __slots__ = ("spec", "seed", "env", "key", "id", "seats", "seat_of", "turns", "counts",
+                 "returns", "pending", "invalid", "streak", "num_actions", "ended_by", "forfeit")
+
+    def __init__(self, spec: EpisodeSpec, seed: int, env: Any, key: str,
+                 seats: dict[str, str]) -> None:
+        self.spec, self.seed, self.env, self.key, self.seats = spec, seed, env, key, seats
+        self.id = uuid.uuid4().hex
+        agents = list(env.possible_agents)
+        self.seat_of = {a: i for i, a in enumerate(agents)}
+        self.turns: dict[str, list[Turn]] = {a: [] for a in agents}
+        self.counts = dict.fromkeys(agents, 0)
+        self.returns = dict.fromkeys(agents, 0.0)
+        self.pending = dict.fromkeys(agents, 0.0)
+        self.invalid = dict.fromkeys(agents, 0)
+        self.streak = 0
+        self.num_actions = 0
+        self.ended_by: str | None = None
+        self.forfeit: str | None = None
+
+    def credit(self, agent: str, reward: float) -> None:
+        self.returns[agent] += reward
+        turns = self.turns[agent]
+        if turns:
+            turns[-1].reward += reward
+        else:
+            self.pending[agent] += reward
+
+
+class EpisodeRunner:
+    """Plays :class:`EpisodeSpec` lists with a set of policies (see module docstring).
+
+    Args:
+        policies: ``{policy_id: Policy or callable}``; ids are what specs name in ``players``.
+        config: Runner settings.
+    """
+
+    def __init__(self, policies: Mapping[str, Any], config: RunnerConfig | None = None) -> None:
+        if not policies:
+            raise ConfigError("the runner needs at least one policy")
+        self.policies: dict[str, Policy] = {k: as_policy(v) for k, v in policies.items()}
+        self.cfg = config or RunnerConfig()
+        self.rng = random.Random(self.cfg.seed)
+        self._pool: dict[str, list[Any]] = defaultdict(list)
+
+    # ------------------------------------------------------------------ public
+    def run(self, episodes: Sequence[EpisodeSpec],
+            on_episode_end: Callable[[EpisodeRecord], None] | None = None) -> RunResult:
+        """Plays every spec; returns trajectories, records (in spec order) and metrics.
+
+        Args:
+            episodes: What to play.
+            on_episode_end: Called with each record as soon as its episode ends (e.g. to write
+                a memory bank between episodes).
+        """
+        self._validate(episodes)
+        start = time.perf_counter()
+        stats = _Stats()
+        from agentrt.runner.vector import can_vectorize, run_vectorized
+
+        if can_vectorize(self, episodes):
+            done = run_vectorized(self, episodes, stats)
+            for record in done if on_episode_end is not None else ():
+                on_episode_end(record)
+            metrics = summarize(done)
+            metrics.update(stats.metrics(time.perf_counter() - start, len(done), []))
+            return RunResult([], done, metrics)
+        queue = deque(enumerate(episodes))
+        records: list[EpisodeRecord | None] = [None] * len(episodes)
+        trajectories: list[Trajectory] = []
+        active: list[tuple[int, _Episode]] = []
+        while queue or active:
+            while queue and len(active) < self.cfg.concurrency:
+                i, spec = queue.popleft()
+                active.append((i, self._start(i, spec)))
+            self._tick([ep for _, ep in active], stats)
+            live = []
+            for i, ep in active:
+                if ep.ended_by is None:
+                    live.append((i, ep))
+                    continue
+                record = self._finish(ep, trajectories)
+                records[i] = record
+                if on_episode_end is not None:
+                    on_episode_end(record)
+            active = live
+        done = [r for r in records if r is not None]
+        metrics = summarize(done)
+        metrics.update(stats.metrics(time.perf_counter() - start, len(done), trajectories))
+        return RunResult(trajectories, done, metrics)
+
+    # ------------------------------------------------------------------ episode life
+    def _validate(self, episodes: Sequence[EpisodeSpec]) -> None:
+        for spec in episodes:
+            unknown = [p for p in spec.players if p not in self.policies]
+            if unknown:
+                raise ConfigError(f"episode of {spec.env!r} names unknown policy {unknown[0]!r}; "
+                                  f"known: {', '.join(sorted(self.policies))}")
+
+    def _start(self, index: int, spec: EpisodeSpec) -> _Episode:
+        key = spec.env + json.dumps(dict(spec.env_kwargs), sort_keys=True, default=str)
+        pool = self._pool[key]
+        env = pool.pop() if pool else make_multi(spec.env, **dict(spec.env_kwargs))
+        agents = list(env.possible_agents)
+        if len(spec.players) != len(agents):
+            raise ConfigError(f"episode of {spec.env!r} names {len(spec.players)} players but "
+                              f"the env has {len(agents)} seats")
+        players = list(spec.players)
+        if self.cfg.random_seats and len(players) > 1:
+            self.rng.shuffle(players)
+        seed = spec.seed if spec.seed is not None else self.cfg.seed * 1_000_003 + index
+        env.reset(seed=seed, options=dict(spec.options) if spec.options else None)
+        return _Episode(spec, seed, env, key, dict(zip(agents, players)))
+
+    def _tick(self, active: list[_Episode], stats: _Stats) -> None:
+        waiting: dict[str, list[tuple[_Episode, ActRequest]]] = defaultdict(list)
+        for ep in active:
+            agent = ep.env.agent_selection
+            turns = ep.turns[agent]
+            req = ActRequest(ep.env, ep.id, ep.spec.env, agent, ep.seat_of[agent],
+                             ep.counts[agent], ep.streak, turns[-1] if turns else None)
+            waiting[ep.seats[agent]].append((ep, req))
+        for pid, items in waiting.items():
+            t0 = time.perf_counter()
+            actions = self.policies[pid].act([req for _, req in items])
+            stats.policy_call(pid, len(items), time.perf_counter() - t0)
+            if len(actions) != len(items):
+                raise AgentrtError(f"policy {pid!r} returned {len(actions)} actions for "
+                                   f"{len(items)} requests; act() must answer each request")
+            t0 = time.perf_counter()
+            for (ep, req), action in zip(items, actions):
+                self._apply(ep, req, action if isinstance(action, Action) else Action(action))
+            stats.env_s += time.perf_counter() - t0
+
+    def _apply(self, ep: _Episode, req: ActRequest, action: Action) -> None:
+        agent, env, cfg = req.agent, ep.env, self.cfg
+        ep.num_actions += 1
+        if action.truncate:
+            ep.ended_by = "context"
+            return
+        if action.turn is not None:
+            turn = action.turn
+            turn.role, turn.policy_id = agent, ep.seats[agent]
+            turn.reward += ep.pending[agent]
+            ep.pending[agent] = 0.0
+            if cfg.record_text:
+                turn.info["observation"] = req.observation
+            ep.turns[agent].append(turn)
+        ep.counts[agent] += 1
+        env.step(action.text)
+        for a, r in env.rewards.items():
+            if r:
+                ep.credit(a, float(r))
+        if env.infos[agent].get("invalid_action"):
+            ep.invalid[agent] += 1
+            ep.credit(agent, cfg.invalid_penalty)
+            ep.streak += 1
+            if cfg.invalid_action == "end" or ep.streak > cfg.max_retries:
+                ep.ended_by, ep.forfeit = "invalid", agent
+                return
+        else:
+            ep.streak = 0
+        if env.done:
+            ep.ended_by = "truncated" if any(env.truncations.values()) else "terminated"
+        elif ep.num_actions >= cfg.max_turns:
+            ep.ended_by = "turn_limit"
+
+    def _finish(self, ep: _Episode, out: list[Trajectory]) -> EpisodeRecord:
+        results = episode_results(ep.returns, ep.forfeit, str(ep.ended_by))
+        final = {a: {k: v for k, v in ep.env.infos.get(a, {}).items() if k != "legal_actions"}
+                 for a in ep.returns}
+        versions = {a: int(getattr(self.policies[p], "version", 0)) for a, p in ep.seats.items()}
+        record = EpisodeRecord(ep.id, ep.spec.env, ep.seed, dict(ep.seats), dict(ep.returns),
+                               results, ep.num_actions, dict(ep.invalid), str(ep.ended_by),
+                               final, versions)
+        for agent, turns in ep.turns.items():
+            pid = ep.seats[agent]
+            if turns and self.policies[pid].trainable:
+                out.append(self._trajectory(ep, agent, pid, turns, record))
+        self._pool[ep.key].append(ep.env)
+        return record
+
+    def _trajectory(self, ep: _Episode, agent: str, pid: str, turns: list[Turn],
+                    record: EpisodeRecord) -> Trajectory:
+        opponents = [ep.seats[a] for a in ep.seats if a != agent]
+        if ep.spec.group is not None:
+            key = ep.spec.group
+        elif getattr(ep.env, "group_by_seed", False):
+            key = f"seed={ep.seed}"
+        else:
+            key = "vs=" + ",".join(opponents)
+        kwargs = json.dumps(dict(ep.spec.env_kwargs), sort_keys=True, default=str)
+        env_id = ep.spec.env if kwargs == "{}" else f"{ep.spec.env}{kwargs}"
+        result = record.results[agent]
+        score = {"win": 1.0, "draw": 0.5, "loss": 0.0}
+        outcome = ep.returns[agent] if len(ep.seats) == 1 else score[result]
+        info = {"seat": ep.seat_of[agent], "result": result, "return": ep.returns[agent],
+                "opponents": opponents, "env_seed": ep.seed, "ended_by": record.ended_by,
+                "invalid_actions": ep.invalid[agent], "final_info": record.final_infos[agent]}
+        return Trajectory(turns=turns, group_id=f"{env_id}|{agent}|{pid}|{key}",
+                          episode_id=ep.id, env=ep.spec.env, role=agent, policy_id=pid,
+                          outcome=outcome, info=info)
+
+
+class _Stats:
+    """Call counts and timings of one run."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = defaultdict(int)
+        self.requests: dict[str, int] = defaultdict(int)
+        self.policy_s: dict[str, float] = defaultdict(float)
+        self.env_s = 0.0
+
+    def policy_call(self, pid: str, n: int, seconds: float) -> None:
+        self.calls[pid] += 1
+        self.requests[pid] += n
+        self.policy_s[pid] += seconds
+
+    def metrics(self, seconds: float, episodes: int, trajs: list[Trajectory]) -> dict[str, float]:
+        out: dict[str, float] = {"timing_s/rollout": seconds, "timing_s/env": self.env_s}
+        for pid in self.calls:
+            out[f"rollout/calls/{pid}"] = float(self.calls[pid])
+            out[f"rollout/requests/{pid}"] = float(self.requests[pid])
+            out[f"rollout/batch_mean/{pid}"] = self.requests[pid] / self.calls[pid]
+            out[f"timing_s/policy/{pid}"] = self.policy_s[pid]
+        out["rollout/trajectories"] = float(len(trajs))
+        out["rollout/response_tokens"] = float(sum(len(t.response_ids) for tr in trajs
+                                                   for t in tr.turns))
+        out["perf/episodes_per_s"] = episodes / seconds if seconds > 0 else 0.0
+        out["perf/actions_per_s"] = sum(self.requests.values()) / seconds if seconds > 0 else 0.0
+        return out
+
+
+def episode_results(returns: dict[str, float], forfeit: str | None, ended_by: str
+                    ) -> dict[str, str]:
+    """Per-agent result: "win"/"draw"/"loss" in games, "solved"/"failed" for one agent.
+
+    A forfeit (invalid action) loses and the others win; a turn-limit or context end is a draw;
+    otherwise the strictly highest return wins and a tie at the top is a draw.
+    """
+    agents = list(returns)
+    if len(agents) == 1:
+        return {agents[0]: "solved" if returns[agents[0]] > 0 else "failed"}
+    if forfeit is not None:
+        return {a: "loss" if a == forfeit else "win" for a in agents}
+    if ended_by in ("turn_limit", "context"):
+        return dict.fromkeys(agents, "draw")
+    best = max(returns.values())
+    top = [a for a in agents if returns[a] == best]
+    if len(top) == len(agents):
+        return dict.fromkeys(agents, "draw")
+    return {a: ("win" if len(top) == 1 else "draw") if a in top else "loss" for a in agents}
+
+
+def summarize(records: Sequence[EpisodeRecord]) -> dict[str, float]:
+    """Outcome metrics of a set of episodes (call it per env or opponent to split them).
+
+    Returns ``match/episodes``, ``match/draw_rate``, ``match/truncated_rate``,
+    ``match/forfeit_rate``, ``match/invalid_rate`` (invalid actions / actions),
+    ``match/turns_mean``, ``match/seat_win_rate/<seat>``, ``match/win_rate/<policy>``,
+    ``reward/mean/<policy>`` and, for single-agent envs, ``reward/solved_rate/<policy>``.
+    """
+    n = len(records)
+    if n == 0:
+        return {"match/episodes": 0.0}
+    actions = sum(r.num_actions for r in records)
+    invalid = sum(sum(r.invalid.values()) for r in records)
+    multi = [r for r in records if len(r.seats) > 1]
+    out = {"match/episodes": float(n),
+           "match/invalid_actions": float(invalid),
+           "match/invalid_rate": invalid / actions if actions else 0.0,
+           "match/forfeit_rate": sum(r.ended_by == "invalid" for r in records) / n,
+           "match/truncated_rate": sum(r.truncated for r in records) / n,
+           "match/turns_mean": actions / n}
+    if multi:
+        out["match/draw_rate"] = sum(all(v == "draw" for v in r.results.values())
+                                     for r in multi) / len(multi)
+    seat_wins: dict[int, int] = defaultdict(int)
+    played: dict[str, int] = defaultdict(int)
+    wins: dict[str, int] = defaultdict(int)
+    solved: dict[str, int] = defaultdict(int)
+    returns: dict[str, float] = defaultdict(float)
+    for r in records:
+        for seat, (agent, pid) in enumerate(r.seats.items()):
+            played[pid] += 1
+            returns[pid] += r.returns[agent]
+            wins[pid] += r.results[agent] == "win"
+            solved[pid] += r.results[agent] == "solved"
+            if len(r.seats) > 1:
+                seat_wins[seat] += r.results[agent] == "win"
+    for seat, w in sorted(seat_wins.items()):
+        out[f"match/seat_win_rate/{seat}"] = w / len(multi)
+    for pid, k in played.items():
+        out[f"reward/mean/{pid}"] = returns[pid] / k
+        if multi:
+            out[f"match/win_rate/{pid}"] = wins[pid] / k
+        if len(multi) < n:
+            out[f"reward/solved_rate/{pid}"] = solved[pid] / k
+    return out

@@ -1,0 +1,133 @@
+"""LM policy: renders observations into token ids, batches generation, records token-exact turns.
+
+Prompts, per (episode, agent):
+
+- first turn:  ``[bos] + memory context ids + encode(template.first.format(...))``
+- later turns: ``previous.prompt_ids + previous.response_ids + memory context ids +
+  encode(template.turn.format(...))``
+
+so each prompt extends the previous turn's prompt and response and generated tokens are never
+re-tokenized (``Trajectory.to_sequence`` gives one training sequence per agent and episode).
+
+Memory hook: ``memory(requests) -> [(context_ids, record_ids), ...]`` (one pair per request), for
+example a wrapper around ``agentrt.memory.augment.retrieve_context``. Context ids are part of the
+prompt, so they never carry loss; ``record_ids`` go to ``Turn.memory_ids``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from agentrt.policies.base import Action, ActRequest
+from agentrt.types import Turn
+
+MemoryHook = Callable[[list[ActRequest]], list[tuple[list[int], list[str]]]]
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """How an observation becomes prompt text. Fields may use ``{observation}``, ``{agent}``,
+    ``{env}`` and ``{legal}`` (legal actions joined by ", ", or "any text").
+
+    Attributes:
+        first: Text of an agent's first turn in an episode.
+        turn: Text appended for each later turn (after the previous response).
+        add_bos: Start the first prompt with the tokenizer's bos token.
+    """
+
+    first: str = "{observation}\nAction: "
+    turn: str = "\n{observation}\nAction: "
+    add_bos: bool = True
+
+    def render(self, request: ActRequest) -> str:
+        legal = request.legal_actions
+        fields = {"observation": request.observation, "agent": request.agent,
+                  "env": request.env_name, "legal": ", ".join(legal) if legal else "any text"}
+        return (self.first if request.previous is None else self.turn).format(**fields)
+
+
+DEFAULT_TEMPLATE = PromptTemplate()
+
+
+class LMPolicy:
+    """A :class:`~agentrt.policies.base.Policy` over a rollout engine (``agentrt.engine``).
+
+    Args:
+        engine: Has ``policy_id``, ``version``, ``tokenizer``, ``cfg`` and
+            ``generate(prompts, sampling) -> [Completion]``.
+        templates: One template for every env, or ``{env_id: template}`` with optional "*".
+        trainable: Whether its turns become training data (default: ``engine.cfg.trainable``).
+        sampling: Overrides the engine's rollout sampling config.
+        max_context: Prompt + ``max_new_tokens`` must fit; otherwise the action asks the runner to
+            end the episode as truncated.
+        memory: Optional memory hook (see module docstring).
+    """
+
+    def __init__(self, engine: Any, templates: PromptTemplate | dict[str, PromptTemplate] | None
+                 = None, trainable: bool | None = None, sampling: Any = None,
+                 max_context: int = 2048, memory: MemoryHook | None = None) -> None:
+        self.engine = engine
+        self.policy_id = engine.policy_id
+        self.tokenizer = engine.tokenizer
+        cfg = getattr(engine, "cfg", None)
+        self.trainable = bool(getattr(cfg, "trainable", True)) if trainable is None else trainable
+        self.sampling = sampling
+        self.max_context = max_context
+        self.memory = memory
+        if isinstance(templates, PromptTemplate) or templates is None:
+            templates = {"*": templates or DEFAULT_TEMPLATE}
+        self.templates = dict(templates)
+
+    @property
+    def version(self) -> int:
+        return int(self.engine.version)
+
+    @property
+    def max_new_tokens(self) -> int:
+        sampling = self.sampling or self.engine.cfg.rollout.sampling
+        return int(sampling.max_new_tokens)
+
+    def template(self, env_name: str) -> PromptTemplate:
+        """The template of ``env_name``, else the "*" one, else the default."""
+        return self.templates.get(env_name) or self.templates.get("*") or DEFAULT_TEMPLATE
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, request: ActRequest, context_ids: list[int] | None = None) -> list[int]:
+        """Token ids of the prompt for ``request`` (see module docstring)."""
+        tpl = self.template(request.env_name)
+        prev = request.previous
+        if prev is None:
+            bos = self.tokenizer.bos_token_id
+            head = [bos] if tpl.add_bos and bos is not None else []
+        else:
+            head = prev.prompt_ids + prev.response_ids
+        return head + list(context_ids or []) + self.encode(tpl.render(request))
+
+    def act(self, requests: list[ActRequest]) -> list[Action]:
+        """One ``engine.generate`` call for all requests that fit the context."""
+        contexts = self.memory(requests) if self.memory else [([], [])] * len(requests)
+        actions: list[Action | None] = [None] * len(requests)
+        prompts: list[list[int]] = []
+        index: list[int] = []
+        limit = self.max_context - self.max_new_tokens
+        for i, (req, (ctx_ids, _)) in enumerate(zip(requests, contexts)):
+            ids = self.prompt_ids(req, ctx_ids)
+            if len(ids) > limit:
+                actions[i] = Action("", truncate=True)
+                continue
+            prompts.append(ids)
+            index.append(i)
+        completions = self.engine.generate(prompts, self.sampling) if prompts else []
+        version = self.version
+        for i, ids, comp in zip(index, prompts, completions):
+            req = requests[i]
+            text = self.tokenizer.decode(comp.response_ids, skip_special_tokens=True)
+            turn = Turn(prompt_ids=ids, response_ids=list(comp.response_ids),
+                        logprobs=list(comp.logprobs), role=req.agent, policy_id=self.policy_id,
+                        policy_version=version, finished=bool(comp.finished),
+                        memory_ids=list(contexts[i][1]), info={"action": text})
+            actions[i] = Action(text, turn)
+        return actions  # type: ignore[return-value]

@@ -1,0 +1,209 @@
+"""Scripted policies: baselines and opponents that never produce training data.
+
+- :class:`RandomPolicy`: a uniformly random legal action (random digits in free-text envs);
+- :class:`MinimaxTicTacToe`: perfect tic-tac-toe (never loses), random among equally good moves;
+- :class:`ConnectFourHeuristic`: win now, else block, else avoid handing a win, prefer the centre;
+- :class:`KuhnPolicy`: a behaviour strategy table over OpenSpiel-style information states (works
+  on the built-in Kuhn poker and on OpenSpiel's ``kuhn_poker``); :func:`kuhn_nash` builds the
+  equilibrium family;
+- :class:`BargainHeuristic`: asks for what it values, accepts a good enough offer;
+- :class:`CalculatorAgent`: solves ``ToolUse-v0`` by calling the calculator, then answering.
+
+Every policy takes a ``seed`` and is deterministic for a given sequence of requests.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+from typing import Any
+
+import numpy as np
+
+from agentrt.envs.board import connects_four, ttt_winner
+from agentrt.policies.base import Action, ActRequest
+
+
+class ScriptedPolicy:
+    """Base: ``act`` calls ``choose(request) -> str`` for each request."""
+
+    trainable = False
+    version = 0
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+
+    def act(self, requests: list[ActRequest]) -> list[Action]:
+        return [Action(self.choose(r)) for r in requests]
+
+    def choose(self, request: ActRequest) -> str:
+        raise NotImplementedError
+
+
+class RandomPolicy(ScriptedPolicy):
+    """Uniformly random legal action; in free-text envs a random 1-4 digit number.
+
+    ``act_vector`` serves the runner's vectorized fast path (uniform over the legal mask).
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.np_rng = np.random.default_rng(seed)
+
+    def act_vector(self, game: Any, idx: np.ndarray, legal: np.ndarray) -> np.ndarray:
+        """One uniformly random legal action index per game in ``idx`` (legal: [n, A] bool)."""
+        noise = self.np_rng.random(legal.shape)
+        noise[~legal] = -1.0
+        return noise.argmax(axis=1)
+
+    def choose(self, request: ActRequest) -> str:
+        legal = request.legal_actions
+        if legal:
+            return legal[self.rng.randrange(len(legal))]
+        return str(self.rng.randrange(10 ** self.rng.randint(1, 4)))
+
+
+# ----------------------------------------------------------------------------- tic-tac-toe
+@functools.lru_cache(maxsize=None)
+def _ttt_value(board: tuple[int, ...], mark: int) -> int:
+    """Game value for the player ``mark`` to move: +1 win, 0 draw, -1 loss (negamax)."""
+    if ttt_winner(board):
+        return -1  # the previous mover won
+    if all(board):
+        return 0
+    other = 3 - mark
+    return max(-_ttt_value(board[:i] + (mark,) + board[i + 1:], other)
+               for i, v in enumerate(board) if v == 0)
+
+
+def ttt_best_moves(board: tuple[int, ...], mark: int) -> list[int]:
+    """All cells that keep the best game value for ``mark`` to move."""
+    other = 3 - mark
+    scored = [(-_ttt_value(board[:i] + (mark,) + board[i + 1:], other), i)
+              for i, v in enumerate(board) if v == 0]
+    best = max(s for s, _ in scored)
+    return [i for s, i in scored if s == best]
+
+
+class MinimaxTicTacToe(ScriptedPolicy):
+    """Perfect play at tic-tac-toe (needs ``TicTacToe-v0``'s structured state)."""
+
+    def choose(self, request: ActRequest) -> str:
+        state = request.state
+        moves = ttt_best_moves(tuple(state["board"]), state["mark"])
+        return str(moves[self.rng.randrange(len(moves))])
+
+
+
+# ----------------------------------------------------------------------------- connect four
+def _drop(grid: list[list[int]], col: int, mark: int) -> int | None:
+    for row in range(len(grid) - 1, -1, -1):
+        if grid[row][col] == 0:
+            grid[row][col] = mark
+            return row
+    return None
+
+
+class ConnectFourHeuristic(ScriptedPolicy):
+    """Win now; else block the opponent's win; else a move that does not hand over a win,
+    preferring central columns."""
+
+    def choose(self, request: ActRequest) -> str:
+        state = request.state
+        grid = [list(r) for r in state["grid"]]
+        mark, other = state["mark"], 3 - state["mark"]
+        cols = [int(c) for c in request.legal_actions or []]
+        for who in (mark, other):
+            for c in cols:
+                row = _drop(grid, c, who)
+                wins = row is not None and connects_four(grid, row, c)
+                grid[row][c] = 0  # type: ignore[index]
+                if wins:
+                    return str(c)
+        safe = [c for c in cols if not self._hands_win(grid, c, mark, other)] or cols
+        centre = (len(grid[0]) - 1) / 2
+        best = min(abs(c - centre) for c in safe)
+        choices = [c for c in safe if abs(c - centre) == best]
+        return str(choices[self.rng.randrange(len(choices))])
+
+    @staticmethod
+    def _hands_win(grid: list[list[int]], col: int, mark: int, other: int) -> bool:
+        row = _drop(grid, col, mark)
+        above = _drop(grid, col, other) if row is not None and row > 0 else None
+        loses = above is not None and connects_four(grid, above, col)
+        if above is not None:
+            grid[above][col] = 0
+        if row is not None:
+            grid[row][col] = 0
+        return loses
+
+
+# ----------------------------------------------------------------------------- kuhn poker
+def kuhn_nash(alpha: float = 0.0) -> dict[str, float]:
+    """Bet probabilities of Kuhn's equilibrium family (alpha in [0, 1/3]); value -1/18 for
+    player_0. Keys are OpenSpiel information states: card (0=J, 1=Q, 2=K) + history."""
+    if not 0.0 <= alpha <= 1 / 3:
+        raise ValueError(f"alpha must be in [0, 1/3], got {alpha}")
+    return {"0": alpha, "1": 0.0, "2": 3 * alpha, "0pb": 0.0, "1pb": alpha + 1 / 3, "2pb": 1.0,
+            "0p": 1 / 3, "1p": 0.0, "2p": 1.0, "0b": 0.0, "1b": 1 / 3, "2b": 1.0}
+
+
+def kuhn_info_state(state: dict[str, Any]) -> str:
+    """OpenSpiel-style information state from the built-in env's or the OpenSpiel adapter's
+    structured view."""
+    if state.get("info_state") is not None:
+        return str(state["info_state"])
+    return f"{state['card']}{state['history']}"
+
+
+class KuhnPolicy(ScriptedPolicy):
+    """Bets with probability ``table[info_state]`` (default: Kuhn equilibrium, alpha 0)."""
+
+    def __init__(self, table: dict[str, float] | None = None, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.table = table if table is not None else kuhn_nash(0.0)
+
+    def choose(self, request: ActRequest) -> str:
+        p_bet = self.table[kuhn_info_state(request.state)]
+        return "bet" if self.rng.random() < p_bet else "pass"
+
+
+# ----------------------------------------------------------------------------- bargaining
+class BargainHeuristic(ScriptedPolicy):
+    """Accepts an offer worth at least ``accept_at`` (lowered as messages run out); otherwise
+    proposes to take the items it values most until it holds ``ask`` of the pool's value."""
+
+    def __init__(self, ask: float = 0.7, accept_at: float = 0.5, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.ask, self.accept_at = ask, accept_at
+
+    def choose(self, request: ActRequest) -> str:
+        s = request.state
+        counts, values = s["counts"], s["values"]
+        total = sum(c * v for c, v in zip(counts, values))
+        threshold = self.accept_at if s["turns_left"] > 2 else self.accept_at / 2
+        if s["offer"] is not None:
+            got = sum(c * v for c, v in zip(s["offer"], values))
+            if got >= threshold * total:
+                return "That works for me. [accept]"
+        share = [0] * len(counts)
+        held = 0
+        for i in sorted(range(len(counts)), key=lambda k: -values[k]):
+            while share[i] < counts[i] and held < self.ask * total:
+                share[i] += 1
+                held += values[i]
+        books, hats, balls = share
+        return f"How about this? [propose books={books} hats={hats} balls={balls}]"
+
+
+# ----------------------------------------------------------------------------- tool use
+class CalculatorAgent(ScriptedPolicy):
+    """Solves ``ToolUse-v0``: calls the calculator on the question, then answers its result."""
+
+    def choose(self, request: ActRequest) -> str:
+        state = request.state
+        last = state.get("last_result")
+        if last and (m := re.search(r"calc result: (-?\d+)", last)):
+            return f"answer: {m.group(1)}"
+        return f"calc: {state['expression']}"
