@@ -245,10 +245,12 @@ def write_report(source: MatchStore | str | Path, out: str | Path | None = None,
                                              for k, v in sorted(seats.items())) + "</p>",
                 "<h2>Leaderboard</h2>", _leaderboard_html(rows)]
     if rows:
-        figures = [("Rating curves", plot_rating_curves(rating_history(stepped))),
-                   ("Win-rate curves", plot_win_rate_curves(win_rate_curves(stepped))),
-                   ("Payoff matrix", plot_payoff(WinMatrix.from_results(results),
-                                                 order=[r.key for r in rows]))]
+        curves = win_rate_curves(stepped)  # empty in rating-only runs (nobody trains)
+        figures = [("Rating curves", plot_rating_curves(rating_history(stepped)))]
+        if curves:
+            figures.append(("Win-rate curves", plot_win_rate_curves(curves)))
+        figures.append(("Payoff matrix", plot_payoff(WinMatrix.from_results(results),
+                                                     order=[r.key for r in rows])))
         for name, fig in figures:
             sections.append(f"<h2>{name}</h2><img alt='{name}' "
                             f"src='data:image/png;base64,{_png(fig)}'/>")

@@ -93,3 +93,15 @@ def test_curves_follow_the_learner(run_dir: Path) -> None:
 def test_report_of_an_empty_run_says_so(tmp_path: Path) -> None:
     page = write_report(tmp_path / "empty").read_text()
     assert "Not enough rated matches" in page and "base64" not in page
+
+
+def test_rating_only_report_has_no_win_rate_curves(tmp_path: Path) -> None:
+    sched = build_scheduler({"format": "round_robin", "rounds": 3},
+                            [Entrant("ckpt1"), Entrant("ckpt2"), Entrant("random")], ["ttt"])
+    with MatchStore(tmp_path) as store:
+        while not sched.done:
+            store.add([play(m, lambda p: {"random": -1.0}.get(p.key, 0.0))
+                       for m in sched.next_matches(6)], step=sched.round)
+        page = write_report(store).read_text()
+    assert page.count("data:image/png;base64,") == 2
+    assert "Win-rate curves" not in page and "<h2>Payoff matrix</h2>" in page
