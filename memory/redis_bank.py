@@ -210,13 +210,21 @@ class RedisBank(MemoryBank):
         put_ids = [f[b"id"].decode() for _, f in entries if f[b"op"] == b"put"]
         wanted = [i for i in dict.fromkeys(put_ids) if i not in self.store]
         payloads = dict(zip(wanted, self.client.hmget(self._keys["records"], wanted))) if wanted else {}
+        batch: list[tuple[Record, np.ndarray]] = []  # consecutive puts, added in one call
+
+        def add_batch() -> None:
+            if batch:
+                self.store.add([r for r, _ in batch], np.stack([v for _, v in batch]))
+                batch.clear()
+
         for _, fields in entries:
             rec_id = fields[b"id"].decode()
             if fields[b"op"] == b"del":
+                add_batch()
                 self.store.remove([rec_id])
-            elif payloads.get(rec_id) is not None and rec_id not in self.store:
-                rec, vec = _unpack(payloads[rec_id], self.dim)
-                self.store.add([rec], vec[None, :])
+            elif payloads.get(rec_id) is not None:
+                batch.append(_unpack(payloads[rec_id], self.dim))
+        add_batch()
 
     def _sync(self) -> None:
         try:

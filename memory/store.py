@@ -190,22 +190,30 @@ class VectorStore:
             self._trained_at = len(recs)
 
     # ---- reads -------------------------------------------------------------------------------
-    def _candidates(self, flt: Filter) -> set[int] | None:
-        """Rows that can match the indexed conditions, or None when nothing narrows them."""
-        sets: list[set[int]] = []
+    def _candidates(self, flt: Filter, limit: int | None = EXACT_LIMIT) -> set[int] | None:
+        """Rows that can match the indexed conditions, or None when they are not selective.
+
+        With ``limit``, sets larger than it are never built (that costs a pass over them on every
+        query): None then means "search the index and post-filter with ``Filter.matches``".
+        """
+        sets: list[set[int] | list[set[int]]] = []  # a list of sets is their union
         for name, values in flt.equals.items():
-            sets.append(set().union(*(self._by_field[name].get(v, set()) for v in values)))
+            sets.append([self._by_field[name].get(v, set()) for v in values])
         for tag in flt.tags:
-            sets.append(self._by_field["tags"].get(tag, set()))
+            sets.append([self._by_field["tags"].get(tag, set())])
         if flt.reader is not None:
-            shared = self._by_field["visibility"].get("shared", set())
-            own = self._by_field["policy_id"].get(flt.reader, set())
-            if len(shared) + len(own) < len(self._row_of):
-                sets.append(shared | own)
+            sets.append([self._by_field["visibility"].get("shared", set()),
+                         self._by_field["policy_id"].get(flt.reader, set())])
         if not sets:
             return None
-        sets.sort(key=len)
-        return sets[0].intersection(*sets[1:])
+        sizes = [sum(len(s) for s in group) for group in sets]
+        best = min(range(len(sets)), key=sizes.__getitem__)
+        if limit is not None and sizes[best] > limit:
+            return None
+        group = sets[best]
+        rows = set(group[0]).union(*group[1:])
+        # The other conditions are checked row by row by Filter.matches afterwards.
+        return rows
 
     def _exact(self, q: np.ndarray, rows: list[int], k: int, flt: Filter) -> list[tuple[int, float]]:
         rows = [r for r in rows if self._rows[r] is not None and flt.matches(self._rows[r])]
@@ -222,18 +230,19 @@ class VectorStore:
             if live == 0:
                 return []
             cands = None if flt.empty else self._candidates(flt)
-            if cands is not None and len(cands) <= EXACT_LIMIT:
+            if cands is not None:
                 found = self._exact(q, sorted(cands), k, flt)
             else:
-                found = self._search_index(q, k, flt, cands)
+                found = self._search_index(q, k, flt)
             return [(self._rows[r], s) for r, s in found]  # type: ignore[misc]
 
-    def _search_index(self, q: np.ndarray, k: int, flt: Filter,
-                      cands: set[int] | None) -> list[tuple[int, float]]:
+    def _search_index(self, q: np.ndarray, k: int, flt: Filter) -> list[tuple[int, float]]:
         total = len(self._rows)
         dead = total - len(self._row_of)
-        # Over-fetch for tombstones and filtered-out rows, doubling until k survive.
-        fetch = min(total, k + dead + (k if flt.empty else 4 * k))
+        # Over-fetch for tombstones (at most rebuild_dead_fraction of rows) and for rows the
+        # filter drops, then widen 4x at a time until k survive.
+        alive = max(1.0 - dead / total, 0.05)
+        fetch = min(total, int((k if flt.empty else 5 * k) / alive) + 8)
         while True:
             scores, rows = self._index.search(q[None, :], fetch)
             found = []
@@ -249,14 +258,15 @@ class VectorStore:
         if self.kind == "flat":
             return found  # a full flat scan is exact: fewer than k rows match
         # An approximate index may miss rows at full depth; fall back to an exact scan.
-        rows_all = sorted(cands) if cands is not None else list(self._row_of.values())
-        return self._exact(q, rows_all, k, flt)
+        cands = None if flt.empty else self._candidates(flt, limit=None)
+        return self._exact(q, sorted(cands) if cands is not None else sorted(self._row_of.values()),
+                           k, flt)
 
     def count(self, flt: Filter) -> int:
         with self.lock:
             if flt.empty:
                 return len(self._row_of)
-            cands = self._candidates(flt)
+            cands = self._candidates(flt, limit=None)
             rows = cands if cands is not None else self._row_of.values()
             return sum(1 for r in rows if flt.matches(self._rows[r]))  # type: ignore[arg-type]
 
@@ -290,5 +300,8 @@ class VectorStore:
             self._index = faiss.deserialize_index(np.asarray(state["index"], dtype=np.uint8))
             self.kind = state["kind"]
             self._trained_at = int(state.get("trained_at", 0))
-            if self.kind == "hnsw":  # search-time setting is not part of the serialized graph
+            # Search-time settings follow the config, not the file.
+            if self.kind == "hnsw":
                 self._index.hnsw.efSearch = self.cfg.hnsw_ef_search
+            elif self.kind == "ivf":
+                self._index.nprobe = min(self.cfg.ivf_nprobe, self._index.nlist)
