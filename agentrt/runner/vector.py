@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from agentrt.errors import ConfigError
 from agentrt.runner.core import EpisodeRecord, EpisodeSpec, episode_results
 
 _ENDS = ("", "terminated", "invalid", "turn_limit")
@@ -58,6 +59,9 @@ def _run_block(runner: Any, game: Any, block: Sequence[EpisodeSpec], offset: int
     seat_pid = np.zeros((n, m), dtype=np.int64)
     for i, spec in enumerate(block):
         players = list(spec.players)
+        if len(players) != m:
+            raise ConfigError(f"episode of {spec.env!r} names {len(players)} players but the "
+                              f"env has {m} seats")
         if cfg.random_seats and m > 1:
             runner.rng.shuffle(players)
         seat_pid[i] = [pids.index(p) for p in players]
