@@ -164,7 +164,8 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
     for r in rows:
         fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
         ratio = base[r["n"]] / r["p50"]
-        print(f"{r['n']:>8,} {r['backend']:<18} {r.get('kind', '-'):<6} {fmt(r['single'], ',.0f'):>10} "
+        print(f"{r['n']:>8,} {r['backend']:<18} {r.get('kind', '-'):<6} "
+              f"{fmt(r['single'], ',.0f'):>10} "
               f"{fmt(r['batch'], ',.0f'):>10} {r['p50']:>8.3f} {r['p99']:>8.3f} "
               f"{ratio:>13.2f}x {fmt(r['recall'], '.4f'):>9}")
 

@@ -15,9 +15,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agentrt.memory.augment import MemoryConfig, retrieve_context, write_episode_memories
 from agentrt.memory.bank import MemoryBank
 from agentrt.memory.config import BankConfig, IndexConfig, RedisConfig, bank_config
-from agentrt.memory.embedders import EMBEDDERS, Embedder, HashingEmbedder, MiniLMEmbedder, build_embedder
+from agentrt.memory.embedders import (
+    EMBEDDERS,
+    Embedder,
+    HashingEmbedder,
+    MiniLMEmbedder,
+    build_embedder,
+)
 from agentrt.memory.errors import (
     BackendUnavailableError,
     DimensionError,
@@ -54,6 +61,7 @@ def open_bank(cfg: BankConfig | dict[str, Any], run_dir: str | Path | None = Non
 __all__ = [
     "EMBEDDERS", "FILTER_FIELDS", "BackendUnavailableError", "BankConfig", "DimensionError",
     "Embedder", "FaissBank", "FilterError", "HashingEmbedder", "Hit", "IndexConfig",
-    "InvalidRecordError", "MemoryBank", "MemoryBankError", "MiniLMEmbedder", "QueryError",
-    "Record", "RedisConfig", "bank_config", "build_embedder", "open_bank",
+    "InvalidRecordError", "MemoryBank", "MemoryBankError", "MemoryConfig", "MiniLMEmbedder",
+    "QueryError", "Record", "RedisConfig", "bank_config", "build_embedder", "open_bank",
+    "retrieve_context", "write_episode_memories",
 ]

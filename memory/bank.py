@@ -81,7 +81,9 @@ class MemoryBank(ABC):
         try:
             arr = np.asarray(vector, dtype=np.float32)
         except (TypeError, ValueError):
-            raise DimensionError(f"bank {self.name!r} needs a vector of {self.dim} numbers") from None
+            raise DimensionError(
+                f"bank {self.name!r} needs a vector of {self.dim} numbers"
+            ) from None
         if arr.ndim != 1 or arr.shape[0] != self.dim:
             got = arr.shape[0] if arr.ndim == 1 else f"shape {tuple(arr.shape)}"
             raise DimensionError(
@@ -105,14 +107,17 @@ class MemoryBank(ABC):
             unknown = sorted(set(item) - set(_RECORD_FIELDS))
             if unknown:
                 raise InvalidRecordError(
-                    f"unknown memory record field {unknown[0]!r}; valid: {', '.join(_RECORD_FIELDS)}"
+                    f"unknown memory record field {unknown[0]!r}; "
+                    f"valid: {', '.join(_RECORD_FIELDS)}"
                 )
             fields = {k: v for k, v in item.items() if k != "embedding"}
             if "text" not in fields or "policy_id" not in fields:
                 raise InvalidRecordError("a memory record needs at least text and policy_id")
             rec = make_record(**fields)
             if rec.id in ids or rec.id in self.store:
-                raise InvalidRecordError(f"memory record id {rec.id!r} already exists in bank {self.name!r}")
+                raise InvalidRecordError(
+                    f"memory record id {rec.id!r} already exists in bank {self.name!r}"
+                )
             ids.add(rec.id)
             records.append(rec)
             if item.get("embedding") is None:
@@ -238,7 +243,9 @@ class MemoryBank(ABC):
         try:
             state, meta = read_snapshot(path)
         except (OSError, ValueError, KeyError) as exc:
-            raise MemoryBankError(f"{str(path)!r} is not a readable memory snapshot ({exc})") from None
+            raise MemoryBankError(
+                f"{str(path)!r} is not a readable memory snapshot ({exc})"
+            ) from None
         if meta["dim"] != self.dim:
             raise DimensionError(
                 f"snapshot {str(path)!r} holds {meta['dim']}-d vectors but bank {self.name!r} "
@@ -252,4 +259,5 @@ class MemoryBank(ABC):
             self._commit_deletes(extra)
         missing = [(i, rec) for i, rec in rows if rec.id not in self.store]
         if missing:
-            self._commit_puts([rec for _, rec in missing], state["vectors"][[i for i, _ in missing]])
+            rows_missing = [i for i, _ in missing]
+            self._commit_puts([rec for _, rec in missing], state["vectors"][rows_missing])

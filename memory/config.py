@@ -111,4 +111,6 @@ def bank_config(data: dict | BankConfig | None = None, **fields: object) -> Bank
     except ValidationError as exc:
         from agentrt.config import format_validation_error
 
-        raise MemoryBankError(f"invalid memory bank config: {format_validation_error(exc)}") from None
+        raise MemoryBankError(
+            f"invalid memory bank config: {format_validation_error(exc)}"
+        ) from None

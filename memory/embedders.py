@@ -89,7 +89,9 @@ class MiniLMEmbedder:
     def __init__(self, dim: int | None = None, batch_size: int = 64, max_length: int = 256,
                  device: str = "cpu") -> None:
         if dim not in (None, self.MODEL_DIM):
-            raise MemoryBankError(f"embedder 'minilm' produces 384-d vectors; set dim: 384 (got {dim})")
+            raise MemoryBankError(
+                f"embedder 'minilm' produces 384-d vectors; set dim: 384 (got {dim})"
+            )
         self.dim = self.MODEL_DIM
         self.batch_size = batch_size
         self.max_length = max_length

@@ -1,4 +1,4 @@
-"""Errors a memory-bank user can meet; each message is one sentence saying what is wrong and how to fix it."""
+"""Errors a memory-bank user can meet: one sentence saying what is wrong and how to fix it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from agentrt.errors import AgentrtError
 
 
 class MemoryBankError(AgentrtError):
-    """Base class of memory-bank errors. Raised before any state changes, so the bank stays intact."""
+    """Base class of memory-bank errors, raised before any state changes (the bank stays intact)."""
 
 
 class InvalidRecordError(MemoryBankError):

@@ -35,7 +35,9 @@ def atomic_write_bytes(path: Path, data: bytes, fsync: bool = True) -> None:
     os.replace(tmp, path)
 
 
-def write_snapshot(state: dict[str, Any], path: str | Path, extra: dict[str, Any] | None = None) -> Path:
+def write_snapshot(
+    state: dict[str, Any], path: str | Path, extra: dict[str, Any] | None = None
+) -> Path:
     """Writes a :meth:`VectorStore.state` dict as a snapshot folder at ``path``.
 
     An existing folder at ``path`` is replaced: the new one is complete on disk before the old

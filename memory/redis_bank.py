@@ -209,7 +209,8 @@ class RedisBank(MemoryBank):
         # Fetch all payloads of this batch in one round trip, then apply in log order.
         put_ids = [f[b"id"].decode() for _, f in entries if f[b"op"] == b"put"]
         wanted = [i for i in dict.fromkeys(put_ids) if i not in self.store]
-        payloads = dict(zip(wanted, self.client.hmget(self._keys["records"], wanted))) if wanted else {}
+        fetched = self.client.hmget(self._keys["records"], wanted) if wanted else []
+        payloads = dict(zip(wanted, fetched, strict=True))
         batch: list[tuple[Record, np.ndarray]] = []  # consecutive puts, added in one call
 
         def add_batch() -> None:

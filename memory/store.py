@@ -25,7 +25,7 @@ from agentrt.memory.records import Filter, Record
 # Filters whose candidate rows number at most this are answered by exact numpy search: cheaper
 # than over-fetching from an approximate index, and exact.
 EXACT_LIMIT = 8192
-# IVF needs about this many training points per list to place its centroids well (FAISS warns below).
+# IVF needs about this many training points per list to place its centroids well (FAISS warns).
 _IVF_POINTS_PER_LIST = 39
 
 
@@ -215,7 +215,9 @@ class VectorStore:
         # The other conditions are checked row by row by Filter.matches afterwards.
         return rows
 
-    def _exact(self, q: np.ndarray, rows: list[int], k: int, flt: Filter) -> list[tuple[int, float]]:
+    def _exact(
+        self, q: np.ndarray, rows: list[int], k: int, flt: Filter
+    ) -> list[tuple[int, float]]:
         rows = [r for r in rows if self._rows[r] is not None and flt.matches(self._rows[r])]
         if not rows:
             return []

@@ -42,7 +42,8 @@ def test_context_respects_budget_and_reports_exact_ids(tok):
     long_id = bank.write("vault vault code " + "blah " * 60, policy_id="a")
     short = [bank.write(f"vault code {c}", policy_id="a") for c in ("4512", "9981")]
     budget = n_tokens(tok, CONTEXT_HEADER) + 2 * n_tokens(tok, format_record("vault code 4512"))
-    ids, rec_ids = retrieve_context(bank, "vault code", "a", k=5, token_budget=budget, tokenizer=tok)
+    ids, rec_ids = retrieve_context(bank, "vault code", "a", k=5, token_budget=budget,
+                                    tokenizer=tok)
     assert len(ids) <= budget and set(rec_ids) == set(short) and long_id not in rec_ids
     text = tok.decode(ids)
     assert text.startswith(CONTEXT_HEADER) and "vault code 4512" in text and "blah" not in text

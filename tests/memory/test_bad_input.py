@@ -31,7 +31,8 @@ def bad_calls(bank):
     return [
         (lambda: bank.write("", policy_id="p"), InvalidRecordError, "empty"),
         (lambda: bank.write("   \n", policy_id="p"), InvalidRecordError, "empty"),
-        (lambda: bank.write_many([{"text": "ok", "policy_id": "p"}, {"text": "", "policy_id": "p"}]),
+        (lambda: bank.write_many([{"text": "ok", "policy_id": "p"},
+                                  {"text": "", "policy_id": "p"}]),
          InvalidRecordError, "empty"),
         (lambda: bank.query(""), QueryError, "empty"),
         (lambda: bank.write("x", policy_id="p", embedding=np.ones(DIM + 3)), DimensionError,
@@ -98,7 +99,8 @@ def test_redis_bank_rejects_bad_input_and_stores_nothing(redis_server):
 def test_redis_url_that_refuses_gives_one_clear_error():
     url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"  # nothing listens there
     with pytest.raises(BackendUnavailableError) as info:
-        open_bank({"name": "x", "backend": "redis", "redis": {"url": url, "connect_timeout_s": 0.5}})
+        open_bank({"name": "x", "backend": "redis",
+                   "redis": {"url": url, "connect_timeout_s": 0.5}})
     msg = str(info.value)
     assert "did not answer" in msg and "127.0.0.1" in msg and "hunter2" not in msg, msg
 
@@ -117,7 +119,8 @@ def test_redis_url_that_never_replies_times_out_with_one_clear_error():
 def test_bad_config_is_one_line_naming_the_field():
     cases = [
         ({"name": "x", "backend": "redis"}, "redis section"),
-        ({"name": "x", "embedder": "word2vec"}, "unknown embedder 'word2vec'; valid: hashing, minilm"),
+        ({"name": "x", "embedder": "word2vec"},
+         "unknown embedder 'word2vec'; valid: hashing, minilm"),
         ({"name": "x", "index": {"kind": "lsh"}}, "index.kind"),
         ({"name": "x", "colour": 1}, "colour"),
         ({"name": "x", "backend": "redis", "redis": {"url": "http://h"}}, "redis://"),

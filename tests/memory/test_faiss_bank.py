@@ -78,7 +78,8 @@ def test_filtered_search_matches_exact_search(kind):
 
 def test_privacy_reader_never_sees_others_private_records():
     bank = FaissBank(bank_config(name="p"))
-    secret = bank.write("alice's plan: bluff on every king", policy_id="alice", visibility="private")
+    secret = bank.write("alice's plan: bluff on every king", policy_id="alice",
+                        visibility="private")
     bank.write("kings are strong cards", policy_id="bob", visibility="shared")
     as_bob = {h.id for h in bank.query("alice plan bluff king", k=10, reader="bob")}
     as_alice = {h.id for h in bank.query("alice plan bluff king", k=10, reader="alice")}
@@ -88,7 +89,8 @@ def test_privacy_reader_never_sees_others_private_records():
 
 def test_auto_index_switches_to_hnsw_and_deletes_compact():
     rng = np.random.default_rng(1)
-    bank = FaissBank(bank_config(name="auto", dim=DIM, index={"kind": "auto", "auto_threshold": 300}))
+    cfg = bank_config(name="auto", dim=DIM, index={"kind": "auto", "auto_threshold": 300})
+    bank = FaissBank(cfg)
     ids = fill(bank, unit(rng, 300))
     assert bank.store.kind == "flat"
     ids += fill(bank, unit(rng, 100))
@@ -130,7 +132,8 @@ def test_torn_log_line_is_dropped_and_bank_stays_writable(tmp_path):
         fh.write('{"op": "put", "records": [{"id": "half')  # a crash mid-append
     bank = FaissBank(cfg, tmp_path)
     assert {r.id for r in bank.records()} == set(ids)
-    new = bank.write("after the crash", policy_id="a", embedding=unit(np.random.default_rng(4), 1)[0])
+    vec = unit(np.random.default_rng(4), 1)[0]
+    new = bank.write("after the crash", policy_id="a", embedding=vec)
     bank.close()
     assert FaissBank(cfg, tmp_path).get([new])[0].text == "after the crash"
 
