@@ -1,0 +1,120 @@
+"""LM policy through the runner with a real tiny model: token-exact multi-turn trajectories,
+batching, trainable-only data, memory context and context overflow."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrt.config import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig
+from agentrt.engine import HybridEngine
+from agentrt.policies import LMPolicy, PromptTemplate, RandomPolicy
+from agentrt.runner import EpisodeRunner, RunnerConfig, specs
+from agentrt.types import collate
+
+SHORT = PromptTemplate(first="{observation}\n> ", turn="\n{observation}\n> ")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    cfg = PolicyConfig(id="lm", model=ModelConfig(path=str(tiny_model_dir)),
+                       rollout=RolloutConfig(sampling=SamplingConfig(max_new_tokens=3)))
+    return HybridEngine(cfg, seed=0)
+
+
+def _check_token_exact(traj) -> None:
+    for prev, turn in zip(traj.turns, traj.turns[1:]):
+        head = prev.prompt_ids + prev.response_ids
+        assert turn.prompt_ids[: len(head)] == head, "a prompt must extend the previous turn"
+    for turn in traj.turns:
+        assert len(turn.logprobs) == len(turn.response_ids) > 0
+        assert all(lp <= 0.0 for lp in turn.logprobs)
+
+
+def test_self_play_gives_token_exact_per_role_trajectories(engine) -> None:
+    # Bargaining takes any non-empty text, so an untrained model plays whole games.
+    runner = EpisodeRunner({"lm": LMPolicy(engine, templates=SHORT)},
+                           RunnerConfig(invalid_action="retry", max_retries=2, concurrency=8))
+    result = runner.run(specs("Bargain-v0", ("lm", "lm"), 8, env_kwargs={"max_turns": 4}))
+    trajs = result.trajectories
+    assert len(trajs) == 16  # one per (episode, agent)
+    assert all(len(t.turns) >= 2 for t in trajs), "each agent speaks at least twice"
+    for t in trajs:
+        _check_token_exact(t)
+        assert t.group_id.startswith('Bargain-v0{"max_turns": 4}|' + f"{t.role}|lm|vs=lm")
+        assert t.info["seat"] == int(t.role[-1])
+        assert all(turn.role == t.role and turn.policy_id == "lm" for turn in t.turns)
+        assert all(turn.policy_version == engine.version for turn in t.turns)
+        assert t.reward == pytest.approx(t.info["return"])
+        assert t.outcome in (0.0, 0.5, 1.0)
+    batch = collate(trajs, pad_id=engine.pad_id)
+    n_generated = sum(len(turn.response_ids) for t in trajs for turn in t.turns)
+    assert batch.loss_mask.sum().item() == n_generated
+    # Batched: one generate call per tick for all 8 games that wait on the policy.
+    m = result.metrics
+    assert m["rollout/calls/lm"] == max(r.num_actions for r in result.episodes)
+    assert m["rollout/batch_mean/lm"] > 4
+
+
+def test_only_trainable_policies_produce_training_data(engine) -> None:
+    runner = EpisodeRunner({"lm": LMPolicy(engine, templates=SHORT), "rand": RandomPolicy(0),
+                            "frozen": LMPolicy(engine, templates=SHORT, trainable=False)},
+                           RunnerConfig(concurrency=8))
+    result = runner.run(specs("KuhnPoker-v0", ("lm", "rand"), 8)
+                        + specs("KuhnPoker-v0", ("frozen", "rand"), 8, seed=100))
+    assert len(result.episodes) == 16
+    assert {t.policy_id for t in result.trajectories} == {"lm"}
+    assert len(result.trajectories) == 8
+    seats = [t.info["seat"] for t in result.trajectories]
+    assert set(seats) <= {0, 1} and all(t.info["opponents"] == ["rand"]
+                                        for t in result.trajectories)
+
+
+def test_tool_use_history_appends_tool_output_as_tokens(engine) -> None:
+    policy = LMPolicy(engine, templates=SHORT)
+    runner = EpisodeRunner({"lm": policy}, RunnerConfig(invalid_action="retry", max_retries=2))
+    result = runner.run(specs("ToolUse-v0", ("lm",), 4))
+    for t in result.trajectories:
+        _check_token_exact(t)
+        assert t.group_id.endswith(f"seed={t.info['env_seed']}")
+    multi = [t for t in result.trajectories if len(t.turns) > 1]
+    assert multi
+    second = multi[0].turns[1]
+    text = engine.tokenizer.decode(second.prompt_ids)
+    assert "Invalid action" in text or "calc" in text
+
+
+def test_memory_context_is_prompt_only_and_recorded(engine) -> None:
+    marker = engine.tokenizer.encode("MEMORY: code 1234\n", add_special_tokens=False)
+
+    def memory(requests):
+        return [(marker, [f"rec-{r.episode_id[:4]}"]) for r in requests]
+
+    runner = EpisodeRunner({"lm": LMPolicy(engine, templates=SHORT, memory=memory)})
+    result = runner.run(specs("Recall-v0", ("lm",), 3))
+    for t in result.trajectories:
+        turn = t.turns[0]
+        start = 1  # after bos
+        assert turn.prompt_ids[start:start + len(marker)] == marker
+        assert turn.memory_ids == [f"rec-{t.episode_id[:4]}"]
+    batch = collate(result.trajectories, pad_id=engine.pad_id)
+    assert batch.loss_mask[:, : 1 + len(marker)].sum().item() == 0
+
+
+def test_context_overflow_ends_the_episode_as_truncated(engine) -> None:
+    runner = EpisodeRunner({"lm": LMPolicy(engine, templates=SHORT, max_context=40),
+                            "rand": RandomPolicy(0)})
+    result = runner.run(specs("TicTacToe-v0", ("lm", "rand"), 4))
+    assert all(r.ended_by == "context" and set(r.results.values()) == {"draw"}
+               for r in result.episodes)
+    assert result.metrics["match/truncated_rate"] == 1.0
+
+
+def test_prompt_template_per_env(engine) -> None:
+    policy = LMPolicy(engine, templates={"KuhnPoker-v0": PromptTemplate(first="KUHN {agent}:"),
+                                         "*": SHORT})
+    runner = EpisodeRunner({"lm": policy, "rand": RandomPolicy(0)},
+                           RunnerConfig(random_seats=False))
+    kuhn = runner.run(specs("KuhnPoker-v0", ("lm", "rand"), 1)).trajectories[0]
+    assert engine.tokenizer.decode(kuhn.turns[0].prompt_ids[1:]) == "KUHN player_0:"
+    ttt = runner.run(specs("TicTacToe-v0", ("lm", "rand"), 1)).trajectories[0]
+    assert engine.tokenizer.decode(ttt.turns[0].prompt_ids[1:]).startswith("Tic-tac-toe.")
