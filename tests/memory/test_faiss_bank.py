@@ -184,3 +184,26 @@ def test_concurrent_writers_in_one_process(tmp_path):
     again = FaissBank(cfg, tmp_path)
     assert {r.id for r in again.records()} == set(all_ids)
     assert again.count({"policy_id": "p3"}) == 100
+
+
+def test_hnsw_recall_at_10_against_flat_is_at_least_095():
+    rng = np.random.default_rng(7)
+    dim = 64
+    centres = rng.normal(size=(200, dim)).astype(np.float32)
+    # Clustered like sentence embeddings: nearest neighbours have cosine ~0.5, not ~1.
+    pts = centres[rng.integers(0, 200, 5200)] + rng.normal(size=(5200, dim)).astype(np.float32)
+    pts /= np.linalg.norm(pts, axis=1, keepdims=True)
+    data, queries = pts[:5000], pts[5000:]
+    banks = {kind: FaissBank(bank_config(name=kind, dim=dim, index={"kind": kind}))
+             for kind in ("flat", "hnsw")}
+    items = [{"text": f"r{i}", "policy_id": "p", "id": f"r{i}", "embedding": v}
+             for i, v in enumerate(data)]
+    for bank in banks.values():
+        bank.write_many(items)
+    assert banks["hnsw"].store.kind == "hnsw"
+    recalls = []
+    for q in queries:
+        exact = {h.id for h in banks["flat"].query(vector=q, k=10)}
+        approx = {h.id for h in banks["hnsw"].query(vector=q, k=10)}
+        recalls.append(len(exact & approx) / 10)
+    assert np.mean(recalls) >= 0.95, np.mean(recalls)
