@@ -253,3 +253,19 @@ def test_seeds_reproduce_episodes() -> None:
                                                                200)).episodes]
 
     assert run() == run()
+
+
+def test_the_custom_env_example_runs_and_perfect_play_wins() -> None:
+    import runpy
+    from pathlib import Path
+
+    from agentrt.envs import ENVS, check_multiagent_env, register
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "custom_env.py"
+    module = runpy.run_path(str(path))  # defines Nim without registering it
+    if "Nim-v0" not in ENVS:
+        register("Nim-v0", module["Nim"], multi_agent=True)
+    check_multiagent_env(module["Nim"]())
+    runner = EpisodeRunner({"perfect": module["perfect"], "random": RandomPolicy(seed=0)})
+    m = runner.run(specs("Nim-v0", ("perfect", "random"), 300)).metrics
+    assert m["match/win_rate/perfect"] > 0.9
