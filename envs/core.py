@@ -7,18 +7,18 @@ Single agent (exactly Gymnasium's shapes)::
 
 Several agents (PettingZoo's AEC shape, turn-based)::
 
-    env.reset(seed=0)                                 # returns None, like PettingZoo
+    env.reset(seed=0)                       # returns None, like PettingZoo
     while not env.done:
-        agent = env.agent_selection                   # whose turn it is
-        obs = env.observe(agent)                      # that agent's text view (hidden info stays hidden)
-        legal = env.legal_actions(agent)              # list[str], or None for free text
-        env.step("4")                                 # env.rewards / terminations / truncations / infos
+        agent = env.agent_selection         # whose turn it is
+        obs = env.observe(agent)            # that agent's text view (hidden info stays hidden)
+        legal = env.legal_actions(agent)    # list[str], or None for free text
+        env.step("4")                       # sets env.rewards / terminations / truncations / infos
 
-Differences from PettingZoo, on purpose: a game ends for every agent at once (``env.done``), so no
-"dead steps" with ``None`` are needed; actions are text; an invalid action never raises: the state is
-left unchanged, the same agent moves again, ``infos[agent]["invalid_action"]`` is True and the
-agent's next observation starts with a note saying why. The episode runner decides whether an
-invalid action ends the game or is asked again (``RunnerConfig.invalid_action``).
+Differences from PettingZoo, on purpose: a game ends for every agent at once (``env.done``), so
+no "dead steps" with ``None`` are needed; actions are text; an invalid action never raises: the
+state is left unchanged, the same agent moves again, ``infos[agent]["invalid_action"]`` is True
+and the agent's next observation starts with a note saying why. The episode runner decides whether
+an invalid action ends the game or is asked again (``RunnerConfig.invalid_action``).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def action_text(action: Any, limit: int = MAX_ACTION_CHARS) -> str | None:
 
 
 def normalize(text: str) -> str:
-    """Lower-cased, stripped of whitespace, quotes, brackets and a final period: '[Bet].' -> 'bet'."""
+    """Lower-cased and stripped of whitespace, quotes, brackets and a final period."""
     return text.strip().strip("'\"`").strip().strip("[]().").strip().lower()
 
 

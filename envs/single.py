@@ -235,7 +235,9 @@ class RecallEnv(_OneShot):
               ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         key = (options or {}).get("key")
-        self.key = key if key in self.world else self.keys[int(self.np_random.integers(len(self.keys)))]
+        if key not in self.world:
+            key = self.keys[int(self.np_random.integers(len(self.keys)))]
+        self.key = key
         self._over = False
         return f"What is the code of '{self.key}'? Reply with the 4-digit code.", {"key": self.key}
 

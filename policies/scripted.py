@@ -65,7 +65,7 @@ class RandomPolicy(ScriptedPolicy):
 
 
 # ----------------------------------------------------------------------------- tic-tac-toe
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ttt_value(board: tuple[int, ...], mark: int) -> int:
     """Game value for the player ``mark`` to move: +1 win, 0 draw, -1 loss (negamax)."""
     if ttt_winner(board):

@@ -163,7 +163,8 @@ def test_bargain_deal_pays_each_side_its_private_values() -> None:
     env = make("Bargain-v0")
     env.reset(seed=3)
     counts = env.counts
-    env.step("Hi! I would like everything. [propose books=%d hats=%d balls=%d]" % counts)
+    books, hats, balls = counts
+    env.step(f"Hi! I would like everything. [propose books={books} hats={hats} balls={balls}]")
     struct = env.observe_struct("player_1")
     assert struct["offer"] == (0, 0, 0)
     assert "Other: Hi! I would like everything." in env.observe("player_1")

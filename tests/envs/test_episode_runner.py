@@ -147,7 +147,8 @@ class _Garbage:
                                            ("TextArena-v0", {"env_id": "TicTacToe-v0"})])
 def test_garbage_actions_never_crash_and_are_counted(env_id: str, kwargs: dict) -> None:
     runner = EpisodeRunner({"junk": _Garbage(), "random": RandomPolicy(seed=0)},
-                           RunnerConfig(invalid_action="end", invalid_penalty=-2.0, vectorize=False))
+                           RunnerConfig(invalid_action="end", invalid_penalty=-2.0,
+                                        vectorize=False))
     result = runner.run(specs(env_id, ("junk", "random"), 30, env_kwargs=kwargs))
     m = result.metrics
     assert m["match/invalid_actions"] > 0 and m["match/invalid_rate"] > 0
