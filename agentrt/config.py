@@ -124,12 +124,17 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     "ppo": {"advantage": "gae", "critic": True},
     "rloo": {"advantage": "rloo"},
     "reinforce++": {"advantage": "reinforce++"},
+    # Preference post-training (agentrt.preference): a preference loss, no advantage estimator.
+    "dpo": {"preference_loss": "dpo"},
+    "ipo": {"preference_loss": "ipo"},
+    "kto": {"preference_loss": "kto"},
+    "listwise": {"preference_loss": "listwise"},
 }
 
 
 class AlgorithmConfig(Section):
-    name: Literal["grpo", "ppo", "rloo", "reinforce++"] = Field(
-        "grpo", description="Preset that picks the estimator and whether a critic is trained."
+    name: Literal["grpo", "ppo", "rloo", "reinforce++", "dpo", "ipo", "kto", "listwise"] = Field(
+        "grpo", description="Preset that picks the estimator (or preference loss) and critic."
     )
     advantage: str | None = Field(None, description="Advantage estimator (default: the preset's).")
     policy_loss: str = Field("ppo", description="Policy loss from algos.POLICY_LOSSES.")
@@ -153,6 +158,24 @@ class AlgorithmConfig(Section):
     vf_coef: float = Field(1.0, gt=0.0, description="Scale of the value loss.")
     value_clip: float | None = Field(0.2, gt=0.0, description="Value clipping range.")
     critic_lr: float = Field(1e-4, gt=0.0, description="Critic learning rate.")
+    # --- preference post-training (dpo, ipo, kto, listwise); see docs/preference.md
+    preference_loss: str | None = Field(
+        None, description="Loss from algos.PREFERENCE_LOSSES (set by the dpo/ipo/kto/listwise "
+        "presets); None means RL with an advantage estimator.")
+    beta: float = Field(0.1, gt=0.0, description="Preference losses: inverse temperature beta.")
+    label_smoothing: float = Field(
+        0.0, ge=0.0, lt=0.5, description="DPO: share of flipped labels assumed (cDPO); 0 is off.")
+    kto_desirable_weight: float = Field(1.0, gt=0.0, description="KTO: weight of desirable rows.")
+    kto_undesirable_weight: float = Field(
+        1.0, gt=0.0, description="KTO: weight of undesirable rows.")
+    online: bool = Field(
+        False, description="Preference losses: build pairs from the policy's own rollouts "
+        "(ranked by the reward) instead of reading data.path.")
+
+    @property
+    def is_preference(self) -> bool:
+        """True when the policy trains with a preference loss instead of advantages."""
+        return self.preference_loss is not None
 
     @model_validator(mode="before")
     @classmethod
@@ -166,8 +189,15 @@ class AlgorithmConfig(Section):
 
     @model_validator(mode="after")
     def _known_names(self) -> AlgorithmConfig:
-        from agentrt.algos import ADVANTAGES, POLICY_LOSSES
+        from agentrt.algos import ADVANTAGES, POLICY_LOSSES, PREFERENCE_LOSSES
 
+        if self.preference_loss is not None:
+            if self.preference_loss not in PREFERENCE_LOSSES:
+                raise ValueError(
+                    f"preference_loss {self.preference_loss!r} is not registered; valid: "
+                    f"{', '.join(PREFERENCE_LOSSES.names())}"
+                )
+            return self
         if self.advantage not in ADVANTAGES:
             raise ValueError(
                 f"advantage {self.advantage!r} is not registered; valid: "
@@ -237,6 +267,29 @@ class CheckpointConfig(Section):
     keep: int = Field(2, gt=0, description="How many recent checkpoints to keep.")
 
 
+class DataConfig(Section):
+    """Preference data set of ``algorithm: dpo | ipo | kto | listwise`` (docs/preference.md)."""
+
+    path: str | None = Field(
+        None, description="A .jsonl or .parquet file, or a datasets folder (save_to_disk).")
+    format: Literal["auto", "jsonl", "parquet", "datasets"] = Field(
+        "auto", description="File format; auto picks by suffix (a folder is a datasets folder).")
+    split: str | None = Field(
+        None, description="Split of a saved DatasetDict (default: 'train' when present).")
+    max_length: int = Field(
+        512, gt=0, description="Longest prompt + response in tokens; longer rows are skipped.")
+    eval_fraction: float = Field(
+        0.1, ge=0.0, lt=1.0, description="Share of prompts held out for eval/pref_accuracy.")
+    pairs: Literal["all", "best_worst"] = Field(
+        "all", description="Pairs of a ranked list: every ordered pair, or best vs worst.")
+
+    @model_validator(mode="after")
+    def _exists(self) -> DataConfig:
+        if self.path is not None and not Path(self.path).exists():
+            raise ValueError(f"data.path {self.path!r} does not exist")
+        return self
+
+
 class TrainConfig(Section):
     """Config of ``agentrt train``: one policy, one task."""
 
@@ -253,6 +306,15 @@ class TrainConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     progress: bool = Field(True, description="Show a progress bar on the terminal.")
+    data: DataConfig = Field(default_factory=DataConfig)
+
+    @model_validator(mode="after")
+    def _preference_source(self) -> TrainConfig:
+        algo = self.policy.algorithm
+        if algo.is_preference and not algo.online and self.data.path is None:
+            raise ValueError(f"algorithm {algo.name} needs data.path (a JSONL/Parquet/datasets "
+                             "folder) or policy.algorithm.online: true")
+        return self
 
 
 def format_validation_error(err: ValidationError) -> str:
