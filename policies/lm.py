@@ -131,3 +131,16 @@ class LMPolicy:
                         memory_ids=list(contexts[i][1]), info={"action": text})
             actions[i] = Action(text, turn)
         return actions  # type: ignore[return-value]
+
+
+def bank_memory(bank: Any, tokenizer: Any, policy_id: str, k: int = 4, token_budget: int = 128,
+                filters: dict[str, Any] | None = None) -> MemoryHook:
+    """A memory hook that retrieves from an ``agentrt.memory`` bank with each observation as the
+    query (``agentrt.memory.augment.retrieve_context``), as ``policy_id`` reads it."""
+    from agentrt.memory.augment import retrieve_context
+
+    def hook(requests: list[ActRequest]) -> list[tuple[list[int], list[str]]]:
+        return [retrieve_context(bank, r.observation, policy_id, k, token_budget, tokenizer,
+                                 filters) for r in requests]
+
+    return hook
