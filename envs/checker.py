@@ -67,6 +67,8 @@ def _play(env: MultiAgentEnv, seed: int, action_fn: ActionFn | None, max_steps: 
         assert legal is None or (legal and all(isinstance(x, str) for x in legal)), (
             "legal_actions must be a non-empty list of str (or None for free text)")
         assert env.infos[agent].get("legal_actions") == legal, "infos must carry legal_actions"
+        assert all("legal_actions" not in env.infos[a] for a in env.agents if a != agent), (
+            "only the agent to move may carry legal_actions in its info")
         if garbage and step < 3:
             _check_garbage(env)
         if legal is None:

@@ -209,6 +209,7 @@ class MultiAgentEnv:
             self._notes[agent] = self._invalid_note(agent, text)
             return
         self._notes.pop(agent, None)
+        self.infos[agent].pop("legal_actions", None)  # only the agent to move carries them
         self._cumulative_rewards[agent] = 0.0
         self._apply(agent, move)
         for a in self.agents:
