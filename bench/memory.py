@@ -22,16 +22,17 @@ from __future__ import annotations
 import argparse
 import os
 
-# One BLAS thread: a query is one small matrix-vector product, and on a busy machine spinning
-# thread pools make every call wait for a core. FAISS queries get one OpenMP thread the same way.
+# One thread for numpy's BLAS and for FAISS's OpenMP, in writes and queries alike: a query is
+# one small matrix-vector product, and on a shared 2-core machine spinning thread pools make
+# every call wait for a core (measured here: 10x slower single queries with 2 threads).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-import faiss  # noqa: E402
 import numpy as np  # noqa: E402
 
 from agentrt.memory import FaissBank, bank_config, open_bank
@@ -58,18 +59,13 @@ def percentiles(times_s: list[float]) -> tuple[float, float]:
 
 def time_queries(search, queries: np.ndarray, warmup: int) -> tuple[list[float], list]:
     """Runs ``search(q)`` on warm-up queries untimed, then times each remaining query alone."""
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)  # same single thread as numpy (index builds keep all cores)
-    try:
-        for q in queries[:warmup]:
-            search(q)
-        times, results = [], []
-        for q in queries[warmup:]:
-            t0 = time.perf_counter()
-            results.append(search(q))
-            times.append(time.perf_counter() - t0)
-    finally:
-        faiss.omp_set_num_threads(threads)
+    for q in queries[:warmup]:
+        search(q)
+    times, results = [], []
+    for q in queries[warmup:]:
+        t0 = time.perf_counter()
+        results.append(search(q))
+        times.append(time.perf_counter() - t0)
     return times, results
 
 
@@ -136,6 +132,9 @@ def bench_size(n: int, args: argparse.Namespace, server: RedisServer, folder: Pa
 
 
 def main() -> None:
+    import faiss
+
+    faiss.omp_set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--dim", type=int, default=256, help="Embedding size (hashing: 256).")

@@ -29,7 +29,7 @@ class IndexConfig(_Section):
         50_000, gt=0, description="auto: exact flat up to this many records, HNSW above."
     )
     hnsw_m: int = Field(32, gt=1, description="HNSW: neighbours per node (memory vs recall).")
-    hnsw_ef_construction: int = Field(80, gt=0, description="HNSW: beam width while inserting.")
+    hnsw_ef_construction: int = Field(40, gt=0, description="HNSW: beam width while inserting.")
     hnsw_ef_search: int = Field(96, gt=0, description="HNSW: beam width while searching.")
     ivf_nlist: int | None = Field(
         None, gt=0, description="IVF: number of lists (default sqrt(records) at build time)."
