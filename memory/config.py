@@ -83,7 +83,8 @@ class BankConfig(_Section):
     index: IndexConfig = Field(default_factory=IndexConfig)
     redis: RedisConfig | None = Field(None, description="Connection of the redis backend.")
     snapshot_every: int = Field(
-        5000, gt=0, description="faiss: fold the write-ahead log into a snapshot every N writes."
+        5000, gt=0,
+        description="faiss: fold the log into a snapshot once it holds max(N, bank size) records.",
     )
     fsync: bool = Field(False, description="faiss: fsync the log on every write (power-loss safe).")
 
