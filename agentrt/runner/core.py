@@ -166,7 +166,7 @@ class EpisodeRunner:
         Args:
             episodes: What to play.
             on_episode_end: Called with each record as soon as its episode ends (e.g. to write
-                a memory bank between episodes).
+                a memory bank between episodes); on the vectorized fast path, after the run.
         """
         self._validate(episodes)
         start = time.perf_counter()

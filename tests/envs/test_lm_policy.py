@@ -141,3 +141,16 @@ def test_bank_memory_puts_revealed_facts_into_later_prompts(engine, tmp_path) ->
     assert all(t.turns[0].memory_ids for t in later)
     prompt = engine.tokenizer.decode(later[-1].turns[0].prompt_ids)
     assert "Memories:" in prompt and any(f in prompt for f in facts)
+
+
+def test_task_env_groups_repeated_prompts_for_group_baselines(engine) -> None:
+    from agentrt.runner import EpisodeSpec
+
+    runner = EpisodeRunner({"lm": LMPolicy(engine, templates=SHORT)})
+    group = [EpisodeSpec("Task-v0", ("lm",), seed=7)] * 4 + [EpisodeSpec("Task-v0", ("lm",),
+                                                                         seed=8)] * 4
+    trajs = runner.run(group).trajectories
+    assert len({t.group_id for t in trajs}) == 2
+    for a, b in zip(trajs, trajs[1:4]):
+        assert a.group_id == b.group_id and a.turns[0].prompt_ids == b.turns[0].prompt_ids
+    assert all(t.outcome == t.reward for t in trajs)  # single agent: outcome is the return
