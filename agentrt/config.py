@@ -213,6 +213,26 @@ class AlgorithmConfig(Section):
         return self
 
 
+class ResourcesConfig(Section):
+    """Ray resources of one policy's pool (used when ``runtime.backend`` is 'ray')."""
+
+    num_workers: int = Field(1, gt=0, description="Data-parallel workers (Ray actors) of the pool.")
+    cpus_per_worker: float = Field(1.0, gt=0.0, description="CPUs reserved per worker.")
+    gpus_per_worker: float = Field(0.0, ge=0.0, description="GPUs reserved per worker.")
+    placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Placement group strategy of the pool's workers.")
+    colocate_roles: bool = Field(
+        True, description="Actor, reference and critic share each worker process.")
+    max_restarts: int = Field(3, ge=0, description="Times Ray restarts a worker that died.")
+
+    @model_validator(mode="after")
+    def _colocated(self) -> ResourcesConfig:
+        if not self.colocate_roles:
+            raise ValueError("colocate_roles: false (reference/critic in their own actors) is not "
+                             "supported yet; keep it true (roles share the worker process)")
+        return self
+
+
 class PolicyConfig(Section):
     id: str = Field("policy", min_length=1, description="Name of the policy in metrics and files.")
     model: ModelConfig = Field(default_factory=lambda: ModelConfig(preset="llama-tiny"))
@@ -222,6 +242,7 @@ class PolicyConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward.")
     trainable: bool = Field(True, description="False freezes the policy (opponents, snapshots).")
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
 
 
 class TaskConfig(Section):
@@ -290,6 +311,18 @@ class DataConfig(Section):
         return self
 
 
+class RuntimeConfig(Section):
+    """Where policies run: in this process, or as pools of Ray actors (docs/runtime.md)."""
+
+    backend: Literal["local", "ray"] = Field(
+        "local", description="'local': one engine in this process; 'ray': a pool of Ray actors.")
+    address: str | None = Field(
+        None, description="Ray cluster to join ('auto', 'ray://head:10001'); None starts Ray here.")
+    num_cpus: int | None = Field(None, gt=0, description="CPUs of a locally started Ray.")
+    collective_timeout_s: float = Field(
+        300.0, gt=0.0, description="Timeout of one gradient all-reduce between workers.")
+
+
 class TrainConfig(Section):
     """Config of ``agentrt train``: one policy, one task."""
 
@@ -306,6 +339,7 @@ class TrainConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     progress: bool = Field(True, description="Show a progress bar on the terminal.")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     data: DataConfig = Field(default_factory=DataConfig)
 
     @model_validator(mode="after")

@@ -20,7 +20,7 @@ import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 from torch import nn
@@ -115,6 +115,44 @@ def make_scheduler(opt: torch.optim.Optimizer, cfg: OptimConfig, total_steps: in
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+class DataParallel(Protocol):
+    """Hooks a data-parallel pool worker plugs into the engine (``agentrt.worker``).
+
+    Every replica runs ``update`` on the *whole* batch with the same shuffling, trains on its share
+    of each mini-batch's rows, divides its losses by the whole mini-batch's token/sequence counts,
+    and sums gradients over replicas before clipping, so all replicas take the full-batch step.
+    """
+
+    def local_rows(self, n: int) -> slice:
+        """This replica's rows of an ``n``-row mini-batch."""
+
+    def sync_grads(self, params: list[nn.Parameter], finite: bool) -> bool:
+        """Sums gradients over replicas in place; returns whether every replica was finite."""
+
+    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """One value per metric for the whole batch (sums of loss shares, means otherwise)."""
+
+
+def advantages_from(batch: TrainBatch, algo: Any, kl_coef: float, rae_state: RAEState
+                    ) -> dict[str, float]:
+    """Fills ``batch.advantages`` and ``batch.returns`` with ``algo``'s estimator.
+
+    A function (not only a method) so that a pool's driver can run it once on the whole batch
+    gathered from its workers; ``HybridEngine.compute_advantages`` calls it with its own state.
+    """
+    rewards = batch.token_rewards
+    metrics: dict[str, float] = {}
+    if algo.kl.coef > 0.0 and algo.kl.placement == "reward":
+        kl = KL_ESTIMATORS.get(algo.kl.estimator)(batch.old_logprobs, batch.ref_logprobs)
+        rewards = rewards - kl_coef * kl * batch.loss_mask
+        metrics["actor/reward_kl_penalty"] = float((kl * batch.loss_mask).sum() / batch.size)
+    inputs = AdvantageInputs(token_rewards=rewards, loss_mask=batch.loss_mask,
+                             group_ids=batch.group_ids, values=batch.values)
+    with use_rae_state(rae_state):
+        batch.advantages, batch.returns = ADVANTAGES.get(algo.advantage)(inputs, algo)
+    return metrics
+
+
 def chunks(n: int, size: int) -> Iterator[slice]:
     for start in range(0, n, size):
         yield slice(start, min(n, start + size))
@@ -167,6 +205,10 @@ class HybridEngine:
         self.skipped_steps = 0
         # Per-(env, role, policy) baselines of the stateful "rae" estimator; others ignore it.
         self.rae_state = RAEState(alpha=self.algo.rae_alpha)
+        # peft name of this policy's adapter (agentrt.worker adds more policies on one base) and
+        # the data-parallel hooks a pool worker sets; None trains on the whole batch here.
+        self.adapter_name = "default"
+        self.data_parallel: DataParallel | None = None
 
     # ------------------------------------------------------------------ set-up helpers
     def _resolve_model_path(self, workdir: str | Path | None, seed: int) -> Path:
@@ -304,18 +346,7 @@ class HybridEngine:
 
     def compute_advantages(self, batch: TrainBatch) -> dict[str, float]:
         """Fills ``batch.advantages`` and ``batch.returns`` with the configured estimator."""
-        rewards = batch.token_rewards
-        metrics: dict[str, float] = {}
-        if self.uses_reference and self.algo.kl.placement == "reward":
-            kl = KL_ESTIMATORS.get(self.algo.kl.estimator)(batch.old_logprobs, batch.ref_logprobs)
-            rewards = rewards - self.kl_ctl.coef * kl * batch.loss_mask
-            metrics["actor/reward_kl_penalty"] = float((kl * batch.loss_mask).sum() / batch.size)
-        inputs = AdvantageInputs(token_rewards=rewards, loss_mask=batch.loss_mask,
-                                 group_ids=batch.group_ids, values=batch.values)
-        with use_rae_state(self.rae_state):
-            batch.advantages, batch.returns = ADVANTAGES.get(self.algo.advantage)(inputs,
-                                                                                 self.algo)
-        return metrics
+        return advantages_from(batch, self.algo, self.kl_ctl.coef, self.rae_state)
 
     def _policy_loss(self, mb: TrainBatch, n_tok: float, n_seq: float
                      ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -357,11 +388,13 @@ class HybridEngine:
         """
         n_tok = float(batch.loss_mask.sum().clamp_min(1.0))
         n_seq = float(((batch.loss_mask.sum(-1) > 0).sum()).clamp_min(1))
+        dp = self.data_parallel  # n_tok, n_seq stay the whole mini-batch's under data parallel
+        local = batch if dp is None else batch.select(dp.local_rows(batch.size))
         optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, list[float]] = defaultdict(list)
         total, finite = 0.0, True
-        for part in chunks(batch.size, self.cfg.micro_batch_size):
-            loss, m = loss_fn(batch.select(part), n_tok, n_seq)
+        for part in chunks(local.size, self.cfg.micro_batch_size):
+            loss, m = loss_fn(local.select(part), n_tok, n_seq)
             if not torch.isfinite(loss):
                 finite = False
                 break
@@ -369,6 +402,8 @@ class HybridEngine:
             total += float(loss.detach())
             for k, v in m.items():
                 metrics[k].append(v)
+        if dp is not None:  # every replica joins, also after a non-finite loss: all skip alike
+            finite = dp.sync_grads(params, finite)
         grad_norm = float("nan")
         if finite:
             max_norm = self.cfg.optim.max_grad_norm or float("inf")
@@ -412,6 +447,8 @@ class HybridEngine:
         finally:
             self.model.eval()
         metrics = {k: sum(v) / len(v) for k, v in history.items()}
+        if self.data_parallel is not None:  # whole-batch values, the same on every replica
+            metrics = self.data_parallel.reduce_metrics(metrics)
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
         metrics["actor/kl_coef"] = self.kl_ctl.coef
         self.scheduler.step()
@@ -443,14 +480,15 @@ class HybridEngine:
         if self.is_lora:
             from peft import get_peft_model_state_dict
 
-            return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+            return {k: v.detach().clone() for k, v in get_peft_model_state_dict(
+                self.model, adapter_name=self.adapter_name).items()}
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
         if self.is_lora:
             from peft import set_peft_model_state_dict
 
-            set_peft_model_state_dict(self.model, state)
+            set_peft_model_state_dict(self.model, state, adapter_name=self.adapter_name)
         else:
             self.model.load_state_dict(state)
 

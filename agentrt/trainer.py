@@ -15,7 +15,9 @@ from typing import Any
 import torch
 
 from agentrt.config import SamplingConfig, TrainConfig, dump_config
-from agentrt.engine import HybridEngine, make_scheduler
+from agentrt.controller import make_pool
+from agentrt.engine import HybridEngine
+from agentrt.errors import ConfigError
 from agentrt.plot import plot_metrics
 from agentrt.progress import StepProgress
 from agentrt.rewards import RewardFn, exact_match, resolve_reward, score
@@ -135,8 +137,13 @@ class Trainer:
         self.train_set, self.eval_set = make_splits(t.name, t.options, t.train_size,
                                                     t.eval_size, t.seed)
         seed_everything(cfg.seed)
-        self.engine = HybridEngine(cfg.policy, seed=cfg.seed, workdir=self.run_dir.path,
-                                   total_steps=cfg.train.steps)
+        if cfg.runtime.backend == "ray" and getattr(cfg.policy.algorithm, "is_preference", False):
+            raise ConfigError("preference algorithms run in-process for now; set "
+                              "runtime.backend: local")
+        # The policy's pool: in-process (runtime.backend: local) or Ray actors ('ray').
+        self.pool = make_pool(cfg.policy, cfg.runtime, seed=cfg.seed,
+                              total_steps=cfg.train.steps, workdir=self.run_dir.path)
+        self.engine = getattr(self.pool, "engine", None)  # in-process only (None on Ray)
         self.sampler = PromptSampler(self.train_set, cfg.seed)
         self.timer = Timer()
         self.step = 0
@@ -147,7 +154,7 @@ class Trainer:
 
         Returns the last metrics row (with eval) for callers and tests.
         """
-        cfg, eng = self.cfg, self.engine
+        cfg, pool = self.cfg, self.pool
         self.run_dir.write_config(dump_config(cfg))
         if not self._resume():
             last = self._warm_start()
@@ -160,18 +167,13 @@ class Trainer:
                     break
                 examples = self.sampler.next(cfg.train.prompts_per_step)
                 with self.timer("rollout"):
-                    out = rollout(eng, examples, cfg.train.group_size, self.reward_fn,
+                    out = rollout(pool, examples, cfg.train.group_size, self.reward_fn,
                                   cfg.task.name)
-                batch = collate(out.trajectories, eng.pad_id)
-                with self.timer("prepare"):
-                    metrics = eng.prepare(batch)
-                metrics |= eng.compute_advantages(batch)
-                with self.timer("update"):
-                    metrics |= eng.update(batch)
+                metrics = pool.train(out.trajectories)  # prepare, advantages, update (timed)
                 self.step += 1
-                metrics |= self._rollout_metrics(out, batch) | self.timer.pop()
+                metrics |= self._rollout_metrics(out) | self.timer.pop()
                 if self.step % cfg.eval.every == 0 or self.step == cfg.train.steps:
-                    metrics |= evaluate(eng, self.eval_set, self.reward_fn, cfg.task.name,
+                    metrics |= evaluate(pool, self.eval_set, self.reward_fn, cfg.task.name,
                                         cfg.eval.greedy)
                 self.run_dir.log_metrics(self.step, metrics)
                 last = metrics
@@ -180,14 +182,15 @@ class Trainer:
                     self.save()
                 if stop_after is not None:
                     stop_after -= 1
+            if self.step == cfg.train.steps:
+                pool.save_pretrained(self.run_dir.path / "final_model")
         except KeyboardInterrupt:
             log.warning("interrupted at step %d; the last checkpoint is resumable", self.step)
             raise
         finally:
             bar.close()
             plot_metrics(self.run_dir.read_metrics(), self.run_dir.path / "curves.png")
-        if self.step == cfg.train.steps:
-            eng.save_pretrained(self.run_dir.path / "final_model")
+            pool.shutdown()  # Ray: workers killed, Ray stopped if this run started it
         return last
 
     def _warm_start(self) -> dict[str, float]:
@@ -197,7 +200,7 @@ class Trainer:
         if cfg.sft.steps:
             with self.timer("sft"):
                 metrics |= self.sft()
-        metrics |= evaluate(self.engine, self.eval_set, self.reward_fn, cfg.task.name,
+        metrics |= evaluate(self.pool, self.eval_set, self.reward_fn, cfg.task.name,
                             cfg.eval.greedy) | self.timer.pop()
         self.run_dir.log_metrics(0, metrics)
         self.save()
@@ -205,24 +208,18 @@ class Trainer:
 
     def sft(self) -> dict[str, float]:
         """Supervised warm start on demonstrations from the training split."""
-        s, eng = self.cfg.sft, self.engine
-        params = [p for p in eng.model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=s.lr, betas=self.cfg.policy.optim.betas)
-        sched = make_scheduler(opt, self.cfg.policy.optim.model_copy(
-            update={"warmup_steps": s.warmup_steps, "schedule": "constant"}), s.steps)
+        s, pool = self.cfg.sft, self.pool
         sampler = PromptSampler(self.train_set, self.cfg.seed + 1)
         bar = StepProgress(s.steps, enabled=self.cfg.progress, label="sft")
         metrics: dict[str, float] = {}
         for i in range(s.steps):
-            batch = collate(demonstrations(eng, sampler.next(s.batch_size)), eng.pad_id)
-            metrics = eng.sft_update(batch, opt)
-            sched.step()
+            metrics = pool.sft_step(demonstrations(pool, sampler.next(s.batch_size)), s)
             bar.update(i + 1, {"sft/loss": metrics["sft/loss"]})
         bar.close()
-        eng.version = 0  # RL starts from version 0 of the warm-started policy
+        pool.end_sft()  # RL starts from version 0 of the warm-started policy
         return metrics
 
-    def _rollout_metrics(self, out: Rollout, batch: Any) -> dict[str, float]:
+    def _rollout_metrics(self, out: Rollout, batch: Any = None) -> dict[str, float]:
         rewards = torch.tensor([t.reward for t in out.trajectories])
         lengths = torch.tensor([len(t.turns[0].response_ids) for t in out.trajectories],
                                dtype=torch.float32)
@@ -233,12 +230,11 @@ class Trainer:
             "reward/errors": float(out.reward_errors),
             "rollout/response_length": float(lengths.mean()), "rollout/finished_rate": finished,
             "perf/tokens_per_s": float(lengths.sum()) / max(rollout_s, 1e-9),
-            "perf/train_tokens": float(batch.num_tokens),
-        }
+        } | ({} if batch is None else {"perf/train_tokens": float(batch.num_tokens)})
 
     # -------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "engine": self.engine.state_dict(),
+        return {"step": self.step, "pool": self.pool.state_dict(),
                 "sampler": self.sampler.state_dict(), "rng": rng_state()}
 
     def save(self) -> None:
@@ -250,7 +246,7 @@ class Trainer:
             return False
         state = load_checkpoint(ckpt)
         self.step = state["step"]
-        self.engine.load_state_dict(state["engine"])
+        self.pool.load_state_dict(state["pool"])
         self.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
         self.run_dir.truncate_metrics(self.step)
