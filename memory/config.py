@@ -55,6 +55,10 @@ class RedisConfig(_Section):
     max_buffer: int = Field(
         1_000_000, gt=0, description="Writes held in memory while Redis is down; more is an error."
     )
+    log_retention_s: float = Field(
+        86400.0, gt=0.0,
+        description="Keep change-log entries this long; a worker idle longer reloads the bank.",
+    )
     retry_interval_s: float = Field(
         0.2, gt=0.0, description="How often buffered writes retry while Redis is down."
     )

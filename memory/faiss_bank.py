@@ -8,8 +8,9 @@ Folder layout (``<run_dir>/memory/<bank>/`` by default)::
 
 A write is appended to the log (and flushed to the OS) before it is applied in memory, so after a
 crash the bank reopens with every acknowledged write. Once the log holds as many records as the
-bank (and at least ``snapshot_every``), it is folded into a new snapshot: the snapshot is complete on disk before CURRENT points at it, and the
-old snapshot and log are deleted only after that, so a crash at any moment leaves a readable bank.
+bank (and at least ``snapshot_every``), it is folded into a new snapshot: the snapshot is
+complete on disk before CURRENT points at it, and the old snapshot and log are deleted only after
+that, so a crash at any moment leaves a readable bank.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ A write runs one Lua script that sets the record only if its id is new (HSETNX) 
 the stream only then. Scripts run atomically, so retrying a write whose reply was lost (Redis
 died mid-call) can never store a record twice. Each worker keeps a :class:`VectorStore` and,
 before every read, applies the stream entries it has not seen (``XREAD`` from its last id): a write
-on one worker is visible to the next query on any other.
+on one worker is visible to the next query on any other. Log entries older than
+``log_retention_s`` are trimmed (``P:trimmed`` holds the cut, in ms); a worker that was idle for
+longer than that finds its last id before the cut and reloads the whole bank from the hash.
 
 While Redis is unreachable, writes are applied locally at once and queued in order; a background
 thread retries them every ``retry_interval_s`` and empties the queue when Redis is back. Redis must
@@ -62,7 +64,26 @@ for i = 1, #ARGV do
 end
 return n
 """
+_TRIM = """
+local t = redis.call('TIME')
+local cutoff = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[1])
+local cur = tonumber(redis.call('GET', KEYS[2]) or '0')
+if cutoff > cur then
+  redis.call('XTRIM', KEYS[1], 'MINID', cutoff .. '-0')
+  redis.call('SET', KEYS[2], cutoff)
+  return cutoff
+end
+return cur
+"""
 _CHUNK = 500  # records per script call: bounded so one call never blocks Redis for long
+_TRIM_EVERY = 200  # write calls between two log trims
+_MAX_SEQ = 2**64 - 1
+
+
+def _id(text: str) -> tuple[int, int]:
+    """A stream id "ms-seq" as a comparable tuple."""
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def redact(url: str) -> str:
@@ -147,12 +168,14 @@ class RedisBank(MemoryBank):
         self.client = connect(self.rcfg)
         prefix = f"{self.rcfg.key_prefix}:{cfg.name}"
         self._keys = {"records": f"{prefix}:records", "log": f"{prefix}:log",
-                      "meta": f"{prefix}:meta"}
+                      "meta": f"{prefix}:meta", "trimmed": f"{prefix}:trimmed"}
         self._put = self.client.register_script(_PUT)
         self._del = self.client.register_script(_DEL)
+        self._trim = self.client.register_script(_TRIM)
+        self._calls = 0
         self._pending: deque[tuple[str, list]] = deque()
         self._send_lock = threading.Lock()  # keeps writes in order between callers and flusher
-        self._follow_lock = threading.Lock()
+        self._follow_lock = threading.RLock()
         self._flusher: threading.Thread | None = None
         self._wake = threading.Event()
         self.last_error: str | None = None
@@ -178,25 +201,46 @@ class RedisBank(MemoryBank):
 
     def _bootstrap(self) -> None:
         """Loads every record, then follows the log from the point the load started."""
+        self._load_all()
+        self._follow()
+
+    def _load_all(self) -> None:
+        trimmed = int(self.client.get(self._keys["trimmed"]) or 0)
         last = self.client.xrevrange(self._keys["log"], count=1)
         # Taken *before* the scan: entries after it are replayed, and puts/deletes are idempotent.
-        self._last_id = last[0][0].decode() if last else "0-0"
+        # Never before the trim cut, or the next read would think it fell behind.
+        start = _id(last[0][0].decode()) if last else (0, 0)
+        start = max(start, (trimmed - 1, _MAX_SEQ) if trimmed else (0, 0))
         records, vecs = [], []
         for _, data in self.client.hscan_iter(self._keys["records"], count=1000):
             rec, vec = _unpack(data, self.dim)
             records.append(rec)
             vecs.append(vec)
-        self.store.clear()
-        if records:
-            self.store.add(records, np.stack(vecs))
-        self._follow()
+        with self._follow_lock:
+            self._last_id = f"{start[0]}-{start[1]}"
+            self.store.clear()
+            if records:
+                self.store.add(records, np.stack(vecs))
+            # Writes still queued for Redis stay visible here (read-your-writes).
+            for op, payload in list(self._pending):
+                if op == "put":
+                    self.store.add([r for r, _ in payload], np.stack([v for _, v in payload]))
+                else:
+                    self.store.remove(payload)
 
     # ---- following the shared log ------------------------------------------------------------
     def _follow(self) -> None:
         """Applies the log entries this worker has not seen yet."""
         with self._follow_lock:
             while True:
-                reply = self.client.xread({self._keys["log"]: self._last_id}, count=5000)
+                pipe = self.client.pipeline(transaction=False)
+                pipe.get(self._keys["trimmed"])
+                pipe.xread({self._keys["log"]: self._last_id}, count=5000)
+                trimmed, reply = pipe.execute()
+                if trimmed and _id(self._last_id) < (int(trimmed) - 1, _MAX_SEQ):
+                    log.info("bank %r fell behind the log's retention; reloading", self.name)
+                    self._load_all()
+                    continue
                 if not reply:
                     return
                 entries = reply[0][1]
@@ -204,6 +248,15 @@ class RedisBank(MemoryBank):
                 self._last_id = entries[-1][0].decode()
                 if len(entries) < 5000:
                     return
+
+    def trim_log(self) -> int:
+        """Drops log entries older than ``log_retention_s`` (also done every 200 writes).
+
+        Returns:
+            The cut in Unix milliseconds (entries before it are gone); 0 if none yet.
+        """
+        keys = [self._keys["log"], self._keys["trimmed"]]
+        return int(self._trim(keys=keys, args=[int(self.rcfg.log_retention_s * 1000)]))
 
     def _apply_entries(self, entries: list) -> None:
         # Fetch all payloads of this batch in one round trip, then apply in log order.
@@ -266,6 +319,9 @@ class RedisBank(MemoryBank):
             self._put(keys=keys, args=args)
         else:
             self._del(keys=keys, args=payload)
+        self._calls += 1
+        if self._calls % _TRIM_EVERY == 0:
+            self.trim_log()
 
     def _note_down(self, exc: BaseException) -> None:
         if self.last_error is None:

@@ -191,3 +191,23 @@ def test_tls_connection_with_ca_file(tmp_path):
         with pytest.raises(BackendUnavailableError):
             open_bank({"name": "tls", "backend": "redis",
                        "redis": {"url": plain_url, "connect_timeout_s": 1, "socket_timeout_s": 1}})
+
+
+def test_trimmed_log_makes_an_idle_worker_reload(redis_server):
+    cfg = redis_cfg(redis_server, name="trim")
+    cfg["redis"]["log_retention_s"] = 0.001
+    writer, idle = open_bank(cfg), open_bank(cfg)
+    ids = writer.write_many([{"text": f"note {i}", "policy_id": "p"} for i in range(50)])
+    writer.delete(ids[:10])  # a delete the idle worker must not miss
+    time.sleep(0.01)
+    assert writer.trim_log() > 0
+    raw = redis.Redis.from_url(redis_server.url)
+    assert raw.xlen("agentrt:memory:trim:log") == 0  # the log is bounded
+    raw.close()
+    assert idle.count() == 40 and {r.id for r in idle.records()} == set(ids[10:])
+    late = open_bank(cfg)  # joins after the trim: loads from the hash, then follows normally
+    assert late.count() == 40
+    new = writer.write("after the trim", policy_id="p")
+    assert late.get([new])[0] is not None and idle.get([new])[0] is not None
+    for bank in (writer, idle, late):
+        bank.close()
