@@ -211,3 +211,29 @@ def test_trimmed_log_makes_an_idle_worker_reload(redis_server):
     assert late.get([new])[0] is not None and idle.get([new])[0] is not None
     for bank in (writer, idle, late):
         bank.close()
+
+
+def test_concurrent_writers_in_one_worker(redis_server):
+    import threading
+
+    bank = open_bank(redis_cfg(redis_server, name="threads"))
+    written: list[str] = []
+    lock = threading.Lock()
+
+    def writer(w: int) -> None:
+        for i in range(100):
+            rid = bank.write(f"thread {w} note {i}", policy_id=f"p{w}")
+            with lock:
+                written.append(rid)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    other = open_bank(redis_cfg(redis_server, name="threads"))
+    assert len(set(written)) == 400 and bank.count() == 400
+    assert {r.id for r in other.records()} == set(written)
+    assert other.count({"policy_id": "p2"}) == 100
+    bank.close()
+    other.close()
