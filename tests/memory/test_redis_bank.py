@@ -237,3 +237,34 @@ def test_concurrent_writers_in_one_worker(redis_server):
     assert other.count({"policy_id": "p2"}) == 100
     bank.close()
     other.close()
+
+
+def test_kill_while_a_writer_thread_runs_loses_and_duplicates_nothing(redis_server):
+    import threading
+
+    bank = open_bank(redis_cfg(redis_server, name="race"))
+    ids: list[str] = []
+    done = threading.Event()
+
+    def run() -> None:
+        for i in range(1000):
+            ids.append(bank.write(f"step {i}", policy_id="p"))
+        done.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    while len(ids) < 250:  # kill mid-run, whatever call is in flight at that moment
+        time.sleep(0.001)
+    redis_server.kill()
+    while len(ids) < 500 and not done.is_set():
+        time.sleep(0.001)
+    assert bank.pending > 0
+    redis_server.start()
+    thread.join(timeout=60)
+    assert done.is_set()
+    bank.flush(timeout_s=20)
+    raw = redis.Redis.from_url(redis_server.url)
+    assert {k.decode() for k in raw.hkeys("agentrt:memory:race:records")} == set(ids)
+    assert raw.xlen("agentrt:memory:race:log") == 1000 == len(set(ids))
+    raw.close()
+    bank.close()
