@@ -4,6 +4,7 @@ Importing this package does not import vLLM; the engine imports it when it start
 """
 
 from agentrt.rollout.adapters import Adapter, AdapterRegistry, write_adapter
-from agentrt.rollout.vllm_backend import RolloutStartError, VLLMRollout
+from agentrt.rollout.vllm_backend import RolloutStartError, VLLMRollout, attach_vllm
 
-__all__ = ["Adapter", "AdapterRegistry", "RolloutStartError", "VLLMRollout", "write_adapter"]
+__all__ = ["Adapter", "AdapterRegistry", "RolloutStartError", "VLLMRollout", "attach_vllm",
+           "write_adapter"]

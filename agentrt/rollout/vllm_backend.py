@@ -16,11 +16,13 @@ is what the trainer recomputes (``log_softmax(logits / T)``) as long as top_p = 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import random
 import tempfile
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -120,6 +122,7 @@ class VLLMRollout:
         dtype: Weight dtype inside the engine ("float32" matches an fp32 trainer exactly).
         lora_rank: Largest LoRA rank to serve; None serves no adapters.
         seed: Engine seed (requests with their own seed do not depend on it).
+        sampling: Default sampling of ``generate``.
 
     Raises:
         RolloutStartError: vLLM is missing, the folder is not a model, or the engine failed to
@@ -127,8 +130,12 @@ class VLLMRollout:
     """
 
     def __init__(self, model_path: str | Path, cfg: VLLMConfig | None = None, *,
-                 dtype: str = "float32", lora_rank: int | None = None, seed: int = 0) -> None:
+                 dtype: str = "float32", lora_rank: int | None = None, seed: int = 0,
+                 sampling: SamplingConfig | None = None) -> None:
         self.cfg = cfg or VLLMConfig()
+        self.sampling = sampling or SamplingConfig()
+        # Adapter used when generate() gets adapters=None (set by attach_vllm for LoRA policies).
+        self.default_adapter: str | None = None
         self.model_path = Path(model_path)
         self.version = 0
         self.sync_seconds: list[float] = []
@@ -143,6 +150,7 @@ class VLLMRollout:
             raise RolloutStartError(f"rollout.backend 'vllm' needs the vllm package ({exc}); "
                                     f"{INSTALL_HINT}") from None
         self.llm = self._start(dtype, lora_rank, seed)
+        self._finalizer = weakref.finalize(self, _release_engine, _adopt_engine(self.llm))
         self.lora_enabled = lora_rank is not None
         self.adapters = AdapterRegistry(_adapter_store(), self.cfg.max_resident_adapters,
                                         self._load_adapter, self._unload_adapter)
@@ -180,7 +188,7 @@ class VLLMRollout:
             raise RolloutStartError(explain_start_failure(exc, self.model_path, cfg)) from None
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | None = None,
                  adapters: str | Sequence[str | None] | None = None,
                  seeds: Sequence[int | None] | None = None,
                  stop_token_ids: Sequence[int] = ()) -> list[Completion]:
@@ -188,8 +196,10 @@ class VLLMRollout:
 
         Args:
             prompts: Token-id lists (non-empty).
-            sampling: Temperature (0 = greedy), top_p, top_k (0 = off), max_new_tokens.
-            adapters: Adapter name per prompt (None = base model), or one name for all.
+            sampling: Temperature (0 = greedy), top_p, top_k (0 = off), max_new_tokens;
+                default ``self.sampling``.
+            adapters: Adapter name per prompt (None = base model), or one name for all;
+                None for the whole call means ``self.default_adapter``.
             seeds: Per-request seed (same seed, same weights -> same tokens), or None.
             stop_token_ids: Extra ids that end a response like eos does (kept in the output).
 
@@ -199,6 +209,8 @@ class VLLMRollout:
         """
         if self._asleep:
             self.wake_up()
+        sampling = sampling or self.sampling
+        adapters = self.default_adapter if adapters is None else adapters
         n = len(prompts)
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token (e.g. bos)")
@@ -287,6 +299,24 @@ class VLLMRollout:
         self.sync_seconds.append(elapsed)
         return elapsed
 
+    def sync_from(self, engine: Any) -> float:
+        """Pushes a HybridEngine's current weights in place; returns the seconds it took.
+
+        LoRA policies send only their adapter (registered under ``engine.policy_id`` on first
+        use); full-weight policies send ``model.state_dict()`` through :meth:`sync_weights`.
+        """
+        if not getattr(engine, "is_lora", False):
+            return self.sync_weights(engine.model.state_dict(), engine.version)
+        start = time.perf_counter()
+        name, state = engine.policy_id, engine.trainable_state()
+        if name in self.adapters:
+            self.update_adapter(name, state, version=engine.version)
+        else:
+            self.add_adapter(name, state, engine.model.peft_config["default"], engine.version)
+        elapsed = time.perf_counter() - start
+        self.sync_seconds.append(elapsed)
+        return elapsed
+
     def reset_prefix_cache(self) -> bool:
         return bool(self.llm.reset_prefix_cache())
 
@@ -357,12 +387,59 @@ class VLLMRollout:
         """Shuts the engine down and deletes the adapter folders it wrote."""
         import shutil
 
-        llm = getattr(self, "llm", None)
-        if llm is not None:
-            with contextlib.suppress(Exception):
-                llm.llm_engine.engine_core.shutdown()
-            self.llm = None
+        self._finalizer()
+        self.llm = None
         shutil.rmtree(self.adapters.root, ignore_errors=True)
+
+
+def attach_vllm(engine: Any, seed: int = 0) -> VLLMRollout:
+    """Starts the vLLM rollout of a HybridEngine (``rollout.backend: vllm``) at its weights.
+
+    LoRA policies get an engine with LoRA on, their adapter registered under ``policy_id`` and
+    used by default; full-weight policies get the trainer's current weights synced in.
+    """
+    cfg = engine.cfg
+    rollout = VLLMRollout(engine.model_path, cfg.rollout.vllm,
+                          dtype="bfloat16" if cfg.model.dtype == "bf16" else "float32",
+                          lora_rank=cfg.lora.r if engine.is_lora else None, seed=seed,
+                          sampling=cfg.rollout.sampling)
+    if engine.is_lora:
+        rollout.default_adapter = engine.policy_id
+    rollout.sync_from(engine)  # a resumed trainer is not at the folder's weights
+    return rollout
+
+
+# In-process engines of one process share vLLM's global distributed state (the parallel groups),
+# and EngineCore.shutdown destroys it: shutting one engine down would break every other engine in
+# the process. vLLM's own finaliser (run when an engine is garbage-collected) does the same. So
+# each engine's finaliser is replaced by ours, and only the last live engine tears it all down.
+_LIVE_ENGINES = [0]
+
+
+def _adopt_engine(llm: Any) -> Any:
+    """Takes over the engine's teardown; returns the object ``_release_engine`` needs."""
+    client = llm.llm_engine.engine_core
+    finalizer = getattr(client, "_finalizer", None)
+    if finalizer is not None:
+        finalizer.detach()
+    _LIVE_ENGINES[0] += 1
+    return client
+
+
+def _release_engine(client: Any) -> None:
+    _LIVE_ENGINES[0] -= 1
+    core = getattr(client, "engine_core", None)
+    if core is None:
+        return
+    if _LIVE_ENGINES[0] == 0:
+        with contextlib.suppress(Exception):
+            core.shutdown()
+        return
+    for part in (getattr(core, "model_executor", None), getattr(core, "scheduler", None)):
+        if part is not None:
+            with contextlib.suppress(Exception):
+                part.shutdown()
+    gc.unfreeze()  # vLLM froze its start-up objects; let the collector free this engine
 
 
 def _lora_rank_bucket(rank: int) -> int:

@@ -37,9 +37,9 @@ def served(tiny_model_dir, engine_factory):
     rollout = engine_factory(tiny_model_dir, lora_rank=8)
     policies = {}
     for k, name in enumerate(NAMES):
-        eng = HybridEngine(policy_config(tiny_model_dir, lora=True, lr=2e-2), seed=k)
+        eng = HybridEngine(policy_config(tiny_model_dir, lora=True, lr=2e-2, id=name), seed=k)
         randomise_lora_b(eng, 100 + k)
-        rollout.add_adapter(name, eng.trainable_state(), peft_config(eng), version=eng.version)
+        rollout.sync_from(eng)  # registers adapter `name` at the policy's version
         policies[name] = eng
     base = HybridEngine(policy_config(tiny_model_dir), seed=0)
     return rollout, policies, base
@@ -85,7 +85,7 @@ def test_training_one_policy_leaves_the_others_and_its_snapshot(served):
         comps = rollout.generate(train_prompts, learner.cfg.rollout.sampling, adapters="p1",
                                  seeds=range(len(train_prompts)))
         grpo_step(learner, comps, train_prompts, group)
-        rollout.update_adapter("p1", learner.trainable_state(), version=learner.version)
+        rollout.sync_from(learner)  # update_adapter("p1", ...): a new version folder
     assert rollout.adapter_version("p1") == 2
     assert rollout.adapter_version("p0") == 0
     after = {name: [c.response_ids for c in rollout.generate(prompts, GREEDY, adapters=name)]

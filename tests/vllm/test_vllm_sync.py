@@ -12,6 +12,7 @@ import torch
 
 from agentrt.config import SamplingConfig
 from agentrt.engine import HybridEngine
+from agentrt.rollout import attach_vllm
 from agentrt.types import Trajectory, Turn, collate
 from vllm_testlib import grpo_step, make_prompts, policy_config
 
@@ -21,31 +22,31 @@ STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def trained(tiny_model_dir, engine_factory):
+def trained(tiny_model_dir):
     """(trainer, rollout, report) after 3 GRPO steps with in-place sync."""
     trainer = HybridEngine(policy_config(tiny_model_dir, TEMPERATURE), seed=0)
-    rollout = engine_factory(tiny_model_dir)
+    rollout = attach_vllm(trainer)  # what rollout.backend: vllm starts
     eval_prompts = make_prompts(32, seed=1)
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=16)
     before = [c.response_ids for c in rollout.generate(eval_prompts, greedy)]
-    sampling = trainer.cfg.rollout.sampling
     diffs = []
     for step in range(STEPS):
         prompts = [p for p in make_prompts(8, seed=10 + step) for _ in range(GROUP)]
         seeds = list(range(step * 1000, step * 1000 + len(prompts)))
-        comps = rollout.generate(prompts, sampling, seeds=seeds)
+        comps = rollout.generate(prompts, seeds=seeds)  # the policy's sampling, T = 0.8
         metrics = grpo_step(trainer, comps, prompts, GROUP)
         diffs.append(metrics["rollout/logprob_diff"])
-        rollout.sync_weights(trainer.model.state_dict(), trainer.version)
-    return trainer, rollout, {"before": before, "eval_prompts": eval_prompts,
-                              "train_logprob_diffs": diffs}
+        rollout.sync_from(trainer)  # in place: trainer.model.state_dict() by reference
+    yield trainer, rollout, {"before": before, "eval_prompts": eval_prompts,
+                             "train_logprob_diffs": diffs}
+    rollout.close()
 
 
 def test_versions_tracked(trained):
     trainer, rollout, _ = trained
     assert trainer.version == STEPS
     assert rollout.version == STEPS
-    assert len(rollout.sync_seconds) == STEPS
+    assert len(rollout.sync_seconds) == STEPS + 1  # + the sync at attach
 
 
 def test_greedy_matches_hf_generate_after_synced_steps(trained):
@@ -165,3 +166,16 @@ def test_sleep_and_wake_keep_serving(trained):
     assert rollout.asleep == freed
     assert [c.response_ids for c in rollout.generate(prompts, greedy)] == want
     assert not rollout.asleep
+
+
+def test_closing_another_engine_leaves_this_one_serving(trained, tiny_model_dir):
+    from agentrt.rollout import VLLMRollout
+
+    trainer, rollout, report = trained
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=8)
+    prompts = report["eval_prompts"][:4]
+    other = VLLMRollout(tiny_model_dir, rollout.cfg)  # the untrained base weights
+    assert other.generate(prompts, greedy) != rollout.generate(prompts, greedy)
+    other.close()  # vLLM's shutdown alone would tear down the process-wide parallel groups
+    ours = [c.response_ids for c in rollout.generate(prompts, greedy)]
+    assert ours == [c.response_ids for c in trainer.generate(prompts, greedy)]

@@ -1,0 +1,188 @@
+"""Rollout benchmark: HF generate against vLLM, side by side in one run, for two model sizes.
+
+For each model size (llama-tiny and llama-small by default) it builds the model, starts the HF
+backend (a HybridEngine: ``model.generate``) and a vLLM engine over the same weights, warms both
+up, then reports
+
+* tokens/s (generated tokens per second of wall time) of both on
+  (a) a uniform batch: 64 prompts of 32 tokens, 32 new tokens each, sampled at T = 1;
+  (b) multi-turn episodes: 32 episodes x 3 turns, a shared 128-token system prompt, observations
+      of 8-48 tokens and responses of 8-32 tokens, each turn's prompt extending the previous turn
+      (prefix caching serves the shared part; HF recomputes it);
+  and the vLLM/HF speed-up;
+* in-place weight sync (``sync_weights`` of the trainer's state dict, median of 5) against a
+  reload from disk, as one would do without in-place sync: save the checkpoint and start a new
+  engine on it (a) in this process, where vLLM is already imported and warm (best of 2), and
+  (b) in a new process, as a separate vLLM server or vLLM's default multiprocess engine must;
+  as ratios sync/reload (target <= 0.1);
+* the mean |vLLM log-prob - trainer log-prob| of sampled tokens (T = 0.8).
+
+Speed figures depend on what else runs on the machine: only the ratios of one run mean much.
+
+Run:  .venv/bin/python bench/rollout.py                      (about 6-8 minutes on 2 cores)
+      .venv/bin/python bench/rollout.py --sizes llama-tiny   (quick look)
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from agentrt.config import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig, VLLMConfig
+from agentrt.engine import HybridEngine
+from agentrt.policies import build_model
+from agentrt.rollout import VLLMRollout
+from agentrt.types import Trajectory, Turn, collate
+
+VLLM_CFG = VLLMConfig(kv_cache_gib=0.5, max_model_len=1024, max_num_seqs=128)
+
+
+def uniform_prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, 259) for _ in range(length - 1)] for _ in range(n)]
+
+
+def timed(fn, *args, **kwargs) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return time.perf_counter() - start, out
+
+
+def uniform_workload(generate, n: int = 64) -> tuple[int, float]:
+    """(generated tokens, seconds) for one uniform batch."""
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=32)
+    secs, comps = timed(generate, uniform_prompts(n, 32, seed=1), sampling)
+    return sum(len(c.response_ids) for c in comps), secs
+
+
+def multi_turn_workload(generate, episodes: int = 32, turns: int = 3) -> tuple[int, float]:
+    """(generated tokens, seconds) for multi-turn episodes with a shared system prompt."""
+    rng = random.Random(2)
+    system = [1] + [rng.randrange(3, 259) for _ in range(127)]
+    contexts = [list(system) for _ in range(episodes)]
+    tokens, secs = 0, 0.0
+    for _ in range(turns):
+        for ctx in contexts:  # a variable-length observation from the environment
+            ctx += [rng.randrange(3, 259) for _ in range(rng.randrange(8, 49))]
+        limit = rng.randrange(8, 33)
+        sampling = SamplingConfig(temperature=1.0, max_new_tokens=limit)
+        dt, comps = timed(generate, contexts, sampling)
+        secs += dt
+        for ctx, comp in zip(contexts, comps):
+            ctx += comp.response_ids
+            tokens += len(comp.response_ids)
+    return tokens, secs
+
+
+RESTART = """
+import sys, time
+start = time.perf_counter()
+from agentrt.config import VLLMConfig
+from agentrt.rollout import VLLMRollout
+VLLMRollout(sys.argv[1], VLLMConfig.model_validate_json(sys.argv[2]))
+print(time.perf_counter() - start)
+"""
+
+
+def sync_vs_reload(trainer: HybridEngine, rollout: VLLMRollout, workdir: Path,
+                   process_restart: bool) -> dict[str, float]:
+    """Median in-place sync against reloads from disk (same process; optionally a new process)."""
+    state = trainer.model.state_dict()
+    rollout.sync_weights(state, trainer.version)  # warm-up
+    sync = statistics.median(rollout.sync_weights(state, trainer.version) for _ in range(5))
+    reloads = []
+    for _ in range(2):
+        start = time.perf_counter()
+        folder = trainer.save_pretrained(workdir / "reload")
+        VLLMRollout(folder, VLLM_CFG).close()
+        reloads.append(time.perf_counter() - start)
+    out = {"sync_s": sync, "reload_s": min(reloads), "ratio": sync / min(reloads)}
+    if process_restart:  # what a separate vLLM server or multiprocess engine pays
+        start = time.perf_counter()
+        folder = trainer.save_pretrained(workdir / "reload")
+        subprocess.run([sys.executable, "-c", RESTART, str(folder), VLLM_CFG.model_dump_json()],
+                       check=True, capture_output=True)
+        out["restart_s"] = time.perf_counter() - start
+        out["ratio_restart"] = sync / out["restart_s"]
+    shutil.rmtree(workdir / "reload", ignore_errors=True)
+    return out
+
+
+def logprob_gap(trainer: HybridEngine, rollout: VLLMRollout) -> float:
+    prompts = uniform_prompts(32, 24, seed=3)
+    comps = rollout.generate(prompts, trainer.cfg.rollout.sampling, seeds=range(len(prompts)))
+    batch = collate([Trajectory([Turn(p, c.response_ids, c.logprobs)])
+                     for p, c in zip(prompts, comps)], trainer.pad_id)
+    mask = batch.loss_mask.bool()
+    return float((batch.old_logprobs - trainer.logprobs(batch))[mask].abs().mean())
+
+
+def bench_size(preset: str, workdir: Path, process_restart: bool) -> dict[str, float]:
+    folder = build_model(workdir / preset, preset, seed=0)
+    sampling = SamplingConfig(temperature=0.8, max_new_tokens=32)
+    cfg = PolicyConfig(model=ModelConfig(path=str(folder)),
+                       rollout=RolloutConfig(sampling=sampling, vllm=VLLM_CFG))
+    trainer = HybridEngine(cfg, seed=0)
+    start = time.perf_counter()
+    rollout = VLLMRollout(folder, VLLM_CFG)
+    startup = time.perf_counter() - start
+    try:
+        warm = uniform_prompts(8, 16, seed=0)
+        trainer.generate(warm, SamplingConfig(max_new_tokens=8))
+        rollout.generate(warm, SamplingConfig(max_new_tokens=8))
+        row: dict[str, float] = {"params_M": sum(p.numel() for p in trainer.model.parameters()) / 1e6,
+                                 "vllm_start_s": startup}
+        for name, workload in (("uniform", uniform_workload), ("multiturn", multi_turn_workload)):
+            hf_tok, hf_s = workload(trainer.generate)
+            v_tok, v_s = workload(rollout.generate)
+            row[f"{name}_hf_tok_s"] = hf_tok / hf_s
+            row[f"{name}_vllm_tok_s"] = v_tok / v_s
+            row[f"{name}_speedup"] = (v_tok / v_s) / (hf_tok / hf_s)
+        hit = rollout.stats["cached_prompt_tokens"] / max(1, rollout.stats["prompt_tokens"])
+        row["prefix_cache_hit"] = hit
+        row.update(sync_vs_reload(trainer, rollout, workdir, process_restart))
+        row["logprob_mean_abs_diff"] = logprob_gap(trainer, rollout)
+        return row
+    finally:
+        rollout.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["llama-tiny", "llama-small"])
+    parser.add_argument("--no-process-restart", action="store_true",
+                        help="skip timing an engine restart in a new process (about 1 min each)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    workdir = Path(tempfile.mkdtemp(prefix="agentrt-bench-rollout-"))
+    rows = {}
+    try:
+        for preset in args.sizes:
+            rows[preset] = bench_size(preset, workdir, not args.no_process_restart)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"\nrollout benchmark (torch threads: {torch.get_num_threads()})")
+    header = f"{'':28s}" + "".join(f"{p:>16s}" for p in rows)
+    print(header)
+    for key in next(iter(rows.values())):
+        fmt = "{:>16.4f}" if key in ("ratio", "ratio_restart", "sync_s") else (
+            "{:>16.2e}" if key == "logprob_mean_abs_diff" else "{:>16.2f}")
+        print(f"{key:28s}" + "".join(fmt.format(r[key]) for r in rows.values()))
+    for key, what in (("ratio", "reload in this process"), ("ratio_restart", "engine restart")):
+        if key in next(iter(rows.values())):
+            worst = max(r[key] for r in rows.values())
+            print(f"sync / {what}, worst size: {worst:.4f} (target <= 0.1: "
+                  f"{'met' if worst <= 0.1 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
