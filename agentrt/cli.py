@@ -59,6 +59,63 @@ def check_config(
     typer.echo(dump_config(load_config(config, list(set_ or []))))
 
 
+tournament_app = typer.Typer(no_args_is_help=True, help="Self-play leagues and tournaments.")
+app.add_typer(tournament_app, name="tournament")
+
+
+@tournament_app.command("run")
+def tournament_run(
+    config: Path = typer.Argument(..., help="YAML tournament config (see examples/)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
+    run_dir: Optional[str] = typer.Option(None, help="Output folder (overrides run_dir)."),
+) -> None:
+    """Train learning policies by playing scheduled matches; resumes if the folder has a
+    checkpoint; ends with the leaderboard and the HTML report."""
+    _setup()
+    from agentrt.config import load_config
+    from agentrt.tournaments.run_config import TournamentRunConfig
+    from agentrt.tournaments.trainer import LeagueTrainer
+
+    overrides = list(set_ or []) + ([f"run_dir={run_dir}"] if run_dir else [])
+    cfg = load_config(config, overrides, model=TournamentRunConfig)
+    trainer = LeagueTrainer(cfg)
+    trainer.run()
+    typer.echo(trainer.leaderboard_text)
+    typer.echo(f"report: {trainer.report_path}")
+
+
+@tournament_app.command("eval")
+def tournament_eval(
+    config: Path = typer.Argument(..., help="YAML config: frozen policies (model.path) and "
+                                            "baselines; schedule.format round_robin or swiss."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
+) -> None:
+    """Rating-only tournament between checkpoints and baselines (nothing trains)."""
+    _setup()
+    from agentrt.config import load_config
+    from agentrt.tournaments.run_config import TournamentRunConfig
+    from agentrt.tournaments.trainer import LeagueTrainer
+
+    cfg = load_config(config, list(set_ or []), model=TournamentRunConfig)
+    frozen = tuple(p.model_copy(update={"trainable": False}) for p in cfg.policies)
+    trainer = LeagueTrainer(cfg.model_copy(update={"policies": frozen}))
+    trainer.run()
+    typer.echo(trainer.leaderboard_text)
+    typer.echo(f"report: {trainer.report_path}")
+
+
+@tournament_app.command("report")
+def tournament_report(run_dir: Path = typer.Argument(..., help="A tournament run folder.")
+                      ) -> None:
+    """Rebuild the HTML report (leaderboard, rating and win-rate curves, payoff heat map)."""
+    from agentrt.tournaments.report import write_report
+    from agentrt.tournaments.records import MatchStore
+
+    if not (run_dir / "matches.sqlite").is_file():
+        raise AgentrtError(f"{run_dir} has no matches.sqlite; is it a tournament run folder?")
+    typer.echo(f"report: {write_report(MatchStore(run_dir))}")
+
+
 def main() -> None:
     try:
         app(standalone_mode=False)

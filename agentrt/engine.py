@@ -18,7 +18,6 @@ import logging
 import math
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
@@ -40,30 +39,10 @@ from agentrt.algos import (
 )
 from agentrt.config import OptimConfig, PolicyConfig, SamplingConfig
 from agentrt.policies.models import build_model, load_model
+from agentrt.rollout.hf import Completion, HFRollout, token_logprobs
 from agentrt.types import TrainBatch
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Completion:
-    """One generated response.
-
-    Attributes:
-        response_ids: Generated token ids, eos included when generation stopped on eos.
-        logprobs: Log-probability of each generated id under the temperature-scaled policy.
-        finished: True when it stopped on eos, False when cut by ``max_new_tokens``.
-    """
-
-    response_ids: list[int]
-    logprobs: list[float]
-    finished: bool
-
-
-def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[ids] without materialising the full log-softmax. [B,T,V],[B,T]->[B,T]."""
-    picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
 
 
 def shift_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -191,6 +170,8 @@ class HybridEngine:
             model = get_peft_model(model, peft_cfg)
         self.model = model
         self.model.eval()  # dropout off: rollout and training see the same function
+        self.rollout = HFRollout(model, self.tokenizer, cfg.rollout.sampling,
+                                 cfg.rollout.batch_size, self.autocast_dtype)
         self.ref_model = self._make_reference()
         self.critic = ValueModel(self._base_lm()) if self.algo.critic else None
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -225,15 +206,30 @@ class HybridEngine:
 
     def _make_reference(self) -> nn.Module | None:
         """Frozen copy for full-weight policies with KL on; LoRA policies disable the adapter."""
-        if self.algo.kl.coef == 0.0 or self.is_lora:
+        if not self.needs_reference or self.is_lora:
             return None
         ref = copy.deepcopy(self.model)
         ref.requires_grad_(False)
         return ref.eval()
 
+    def reset_reference(self) -> None:
+        """Makes the current weights the reference (call after an SFT warm start).
+
+        Builds a frozen copy, also for LoRA policies, whose adapter is then part of the reference.
+        """
+        if self.needs_reference:
+            self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()
+
     @property
     def uses_reference(self) -> bool:
+        """KL to the reference is on (in the loss or the reward)."""
         return self.algo.kl.coef > 0.0
+
+    @property
+    def needs_reference(self) -> bool:
+        """The algorithm reads reference log-probs during training: KL on, or online preference
+        learning (offline preference data gets its reference log-probs once, before training)."""
+        return self.uses_reference or (self.algo.is_preference and self.algo.online)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
@@ -249,7 +245,6 @@ class HybridEngine:
         return int(self.tokenizer.eos_token_id)
 
     # ------------------------------------------------------------------ rollout
-    @torch.inference_mode()
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None
                  ) -> list[Completion]:
         """Samples one response per prompt, in batches of ``rollout.batch_size``.
@@ -258,43 +253,7 @@ class HybridEngine:
             prompts: Token-id lists (non-empty).
             sampling: Overrides ``cfg.rollout.sampling`` (temperature 0 means greedy).
         """
-        s = sampling or self.cfg.rollout.sampling
-        out: list[Completion] = []
-        for part in chunks(len(prompts), self.cfg.rollout.batch_size):
-            out += self._generate_batch(prompts[part], s)
-        return out
-
-    def _generate_batch(self, prompts: list[list[int]], s: SamplingConfig) -> list[Completion]:
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token (e.g. bos)")
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):  # left padding: generation continues at the right edge
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
-        greedy = s.temperature == 0.0
-        gen_kwargs: dict[str, Any] = dict(
-            max_new_tokens=s.max_new_tokens, do_sample=not greedy, pad_token_id=self.pad_id,
-            eos_token_id=self.eos_id, output_logits=True, return_dict_in_generate=True,
-        )
-        if not greedy:
-            gen_kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
-        from transformers import GenerationConfig
-
-        with self._autocast():
-            res = self.model.generate(input_ids=ids, attention_mask=mask,
-                                      generation_config=GenerationConfig(**gen_kwargs))
-        new = res.sequences[:, width:]
-        logits = torch.stack(res.logits, dim=1).float() / (1.0 if greedy else s.temperature)
-        logps = token_logprobs(logits, new)
-        return [self._trim(new[i].tolist(), logps[i].tolist()) for i in range(len(prompts))]
-
-    def _trim(self, ids: list[int], logps: list[float]) -> Completion:
-        if self.eos_id in ids:
-            end = ids.index(self.eos_id) + 1
-            return Completion(ids[:end], logps[:end], finished=True)
-        return Completion(ids, logps, finished=False)
+        return self.rollout.generate(prompts, sampling)
 
     # ------------------------------------------------------------------ forward passes
     def _logits(self, model: nn.Module, batch: TrainBatch, scaled: bool = True) -> torch.Tensor:
@@ -306,16 +265,18 @@ class HybridEngine:
         return out.logits.float() / temp
 
     @torch.no_grad()
-    def logprobs(self, batch: TrainBatch, reference: bool = False) -> torch.Tensor:
-        """[B, T] log-probs of ``batch.input_ids`` under the policy (or the reference)."""
+    def logprobs(self, batch: TrainBatch, reference: bool = False, scaled: bool = True
+                 ) -> torch.Tensor:
+        """[B, T] log-probs of ``batch.input_ids`` under the policy (or the reference), of the
+        sampling distribution when ``scaled`` (logits / temperature), else of the model itself."""
         parts = []
         for part in chunks(batch.size, self.cfg.micro_batch_size):
             mb = batch.select(part)
-            if reference and self.is_lora:
+            if reference and self.is_lora and self.ref_model is None:
                 with self.model.disable_adapter():
-                    logits = self._logits(self.model, mb)
+                    logits = self._logits(self.model, mb, scaled)
             else:
-                logits = self._logits(self.ref_model if reference else self.model, mb)
+                logits = self._logits(self.ref_model if reference else self.model, mb, scaled)
             parts.append(shift_logprobs(logits, mb.input_ids))
         return torch.cat(parts) * batch.loss_mask
 

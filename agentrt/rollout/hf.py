@@ -1,0 +1,103 @@
+"""Hugging Face ``generate`` rollout over any causal LM module (the always-available backend).
+
+The hybrid engine serves its trainable module through this class, so rollout sees every update
+with no copy; frozen snapshots (league opponents) wrap their own frozen module the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from agentrt.config import SamplingConfig
+
+
+@dataclass
+class Completion:
+    """One generated response.
+
+    Attributes:
+        response_ids: Generated token ids, eos included when generation stopped on eos.
+        logprobs: Log-probability of each generated id under the temperature-scaled policy.
+        finished: True when it stopped on eos, False when cut by ``max_new_tokens``.
+    """
+
+    response_ids: list[int]
+    logprobs: list[float]
+    finished: bool
+
+
+def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[ids] without materialising the full log-softmax. [B,T,V],[B,T]->[B,T]."""
+    picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+class HFRollout:
+    """Batched sampling with per-token log-probs from ``model.generate``.
+
+    Args:
+        model: A causal LM (plain or peft-wrapped).
+        tokenizer: Its tokenizer (pad and eos ids are read from it).
+        sampling: Default sampling config.
+        batch_size: Prompts per ``generate`` call.
+        autocast_dtype: ``torch.bfloat16`` for bf16 autocast, None for fp32.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Any, sampling: SamplingConfig,
+                 batch_size: int = 256, autocast_dtype: torch.dtype | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.batch_size = batch_size
+        self.autocast_dtype = autocast_dtype
+        self.pad_id = int(tokenizer.pad_token_id)
+        self.eos_id = int(tokenizer.eos_token_id)
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None
+                 ) -> list[Completion]:
+        """One response per prompt (token-id lists, non-empty); temperature 0 is greedy."""
+        s = sampling or self.sampling
+        out: list[Completion] = []
+        for start in range(0, len(prompts), self.batch_size):
+            out += self._generate_batch(prompts[start:start + self.batch_size], s)
+        return out
+
+    def _generate_batch(self, prompts: list[list[int]], s: SamplingConfig) -> list[Completion]:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token (e.g. bos)")
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):  # left padding: generation continues at the right edge
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        greedy = s.temperature == 0.0
+        gen_kwargs: dict[str, Any] = dict(
+            max_new_tokens=s.max_new_tokens, do_sample=not greedy, pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id, output_logits=True, return_dict_in_generate=True,
+        )
+        if not greedy:
+            gen_kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
+        from transformers import GenerationConfig
+
+        autocast = (torch.autocast("cpu", dtype=self.autocast_dtype) if self.autocast_dtype
+                    else contextlib.nullcontext())
+        with autocast:
+            res = self.model.generate(input_ids=ids, attention_mask=mask,
+                                      generation_config=GenerationConfig(**gen_kwargs))
+        new = res.sequences[:, width:]
+        logits = torch.stack(res.logits, dim=1).float() / (1.0 if greedy else s.temperature)
+        logps = token_logprobs(logits, new)
+        return [self._trim(new[i].tolist(), logps[i].tolist()) for i in range(len(prompts))]
+
+    def _trim(self, ids: list[int], logps: list[float]) -> Completion:
+        if self.eos_id in ids:
+            end = ids.index(self.eos_id) + 1
+            return Completion(ids[:end], logps[:end], finished=True)
+        return Completion(ids, logps, finished=False)

@@ -1,0 +1,112 @@
+"""Config of ``agentrt tournament run``: policies, envs, format, schedule, training, evaluation.
+
+Example (examples/ttt_league.yaml)::
+
+    envs: [{id: TicTacToe-v0}]
+    policies:
+      - {id: lm, model: {preset: llama-tiny}, algorithm: {advantage: rae}}
+    baselines: [{id: random, kind: random}, {id: minimax, kind: minimax}]
+    schedule: {format: pfsp}
+    train: {steps: 200, games_per_step: 128}
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from agentrt.config import CheckpointConfig, PolicyConfig, Section
+from agentrt.runner.core import RunnerConfig
+from agentrt.tournaments.config import ScheduleConfig
+
+BASELINE_KINDS = ("random", "minimax", "connect4", "kuhn", "bargain")
+
+
+class TemplateConfig(Section):
+    first: str = Field("{observation}\nAction: ", description="Prompt text of the first turn.")
+    turn: str = Field("\n{observation}\nAction: ", description="Prompt text of later turns.")
+    history: bool = Field(
+        True, description="Later prompts extend earlier turns (False: each turn sees only the "
+                          "current observation, for games whose observation is the full state).")
+
+
+class EnvEntry(Section):
+    id: str = Field(..., description="Registered env id, e.g. TicTacToe-v0.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of make().")
+    template: TemplateConfig = Field(default_factory=TemplateConfig)
+
+    @model_validator(mode="after")
+    def _known_env(self) -> EnvEntry:
+        import agentrt.envs  # noqa: F401 - registers the built-in envs
+        from agentrt.envs.registration import ENVS
+
+        if self.id not in ENVS:
+            raise ValueError(f"unknown env {self.id!r}; valid: {', '.join(ENVS.names())}")
+        return self
+
+
+class LeaguePolicyConfig(PolicyConfig):
+    league_role: Literal["main", "main_exploiter", "league_exploiter"] = Field(
+        "main", description="Role in the league format (ignored by other formats).")
+
+
+class BaselineConfig(Section):
+    id: str = Field(..., min_length=1, description="Name in ratings and reports.")
+    kind: Literal["random", "minimax", "connect4", "kuhn", "bargain"] = Field(
+        "random", description="Scripted policy.")
+    seed: int = Field(0, description="Seed of its random choices.")
+
+
+class WarmStartConfig(Section):
+    steps: int = Field(0, ge=0, description="Behaviour-cloning steps on the teacher's moves; "
+                                            "0 starts RL from the fresh model.")
+    teacher: Literal["random", "minimax", "connect4", "kuhn", "bargain"] = Field(
+        "random", description="Scripted policy whose legal moves teach the action format.")
+    games_per_step: int = Field(32, gt=0, description="Teacher self-play games per step.")
+    lr: float = Field(1e-3, gt=0.0, description="Learning rate of the warm start.")
+
+
+class LeagueLoopConfig(Section):
+    steps: int = Field(100, ge=0, description="Training steps (one batch of matches each).")
+    games_per_step: int = Field(128, gt=0, description="Matches scheduled per step.")
+
+
+class LeagueEvalConfig(Section):
+    every: int = Field(10, gt=0, description="Evaluate learners every N steps (and at 0, end).")
+    games: int = Field(200, gt=0, description="Games per opponent, half in each seat.")
+    opponents: tuple[str, ...] = Field(("random",), description="Baseline ids to evaluate vs.")
+    greedy: bool = Field(False, description="Greedy decoding in evaluation games.")
+
+
+class TournamentRunConfig(Section):
+    """Config of ``agentrt tournament run``."""
+
+    seed: int = Field(0, description="Global seed (torch, numpy, python, scheduler).")
+    run_dir: str = Field("runs/tournament", description="Output folder of this run.")
+    threads: int | None = Field(None, gt=0, description="torch threads (default: all cores).")
+    progress: bool = Field(True, description="Live progress on the terminal.")
+    envs: tuple[EnvEntry, ...] = Field(..., min_length=1, description="Games played.")
+    policies: tuple[LeaguePolicyConfig, ...] = Field(
+        ..., min_length=1, description="LM policies (trainable ones learn).")
+    baselines: tuple[BaselineConfig, ...] = Field((), description="Scripted opponents.")
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+    train: LeagueLoopConfig = Field(default_factory=LeagueLoopConfig)
+    eval: LeagueEvalConfig = Field(default_factory=LeagueEvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @model_validator(mode="after")
+    def _ids(self) -> TournamentRunConfig:
+        ids = [p.id for p in self.policies] + [b.id for b in self.baselines]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"policy and baseline ids must be unique; repeated: {dup}")
+        bad = [i for i in ids if "@" in i or "|" in i]
+        if bad:
+            raise ValueError(f"ids must not contain '@' or '|': {bad}")
+        missing = [o for o in self.eval.opponents if o not in {b.id for b in self.baselines}]
+        if missing:
+            raise ValueError(f"eval.opponents {missing} are not baseline ids")
+        return self
