@@ -154,6 +154,10 @@ class Trainer:
 
         Returns the last metrics row (with eval) for callers and tests.
         """
+        if self.cfg.policy.algorithm.is_preference:  # dpo, ipo, kto, listwise: no advantages
+            from agentrt.preference import PreferenceLoop
+
+            return PreferenceLoop(self).run(stop_after)
         cfg, pool = self.cfg, self.pool
         self.run_dir.write_config(dump_config(cfg))
         if not self._resume():
