@@ -400,6 +400,7 @@ class PolicyPool(BasePool):
                     raise
             time.sleep(0.5)
         self.pids = [i["pid"] for i in infos]
+        log.info("pool %r: %d workers up (pids %s)", self.cfg.id, self.num_workers, self.pids)
         if self.num_workers > 1:
             addr, port = ray.get(self.workers[0].rendezvous_address.remote())
             ray.get([w.init_data_parallel.remote(addr, port, rank, self.num_workers,

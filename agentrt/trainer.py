@@ -250,9 +250,9 @@ class Trainer:
             return False
         state = load_checkpoint(ckpt)
         self.step = state["step"]
+        set_rng_state(state["rng"])  # first: the pool's RNG (it sampled the rollouts) wins
         self.pool.load_state_dict(state["pool"])
         self.sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
         self.run_dir.truncate_metrics(self.step)
         log.warning("resumed from %s (step %d)", ckpt, self.step)
         return True

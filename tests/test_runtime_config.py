@@ -1,0 +1,57 @@
+"""Runtime config and the cluster examples: validated up front, parsed by the tools that run them."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrt.config import load_config, parse_overrides, validate_config
+from agentrt.errors import ConfigError
+
+CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster"
+
+
+@pytest.mark.parametrize("patch, expected", [
+    ({"runtime": {"backend": "slurm"}}, "runtime.backend: Input should be 'local' or 'ray'"),
+    ({"policy": {"resources": {"placement": "RANDOM"}}}, "policy.resources.placement"),
+    ({"policy": {"resources": {"num_workers": 0}}}, "policy.resources.num_workers"),
+    ({"policy": {"resources": {"colocate_roles": False}}}, "keep it true"),
+    ({"runtime": {"adress": "auto"}}, "runtime.adress: Extra inputs are not permitted"),
+])
+def test_bad_runtime_values_are_one_message_naming_the_field(patch, expected):
+    with pytest.raises(ConfigError) as exc:
+        validate_config(patch)
+    assert expected in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_cluster_training_config_validates_and_addresses_override():
+    cfg = load_config(CLUSTER / "grpo_cluster.yaml",
+                      ["runtime.address=10.0.0.1:6379", "policy.model.path=/tmp"])
+    assert cfg.runtime.backend == "ray" and cfg.runtime.address == "10.0.0.1:6379"
+    assert cfg.policy.resources.num_workers == 4 and cfg.policy.resources.gpus_per_worker == 1
+    assert parse_overrides(["runtime.address=auto"]) == {"runtime": {"address": "auto"}}
+
+
+def test_kuberay_manifest_parses_into_a_gpu_cluster_and_a_job():
+    docs = list(yaml.safe_load_all((CLUSTER / "raycluster.yaml").read_text()))
+    kinds = {d["kind"]: d for d in docs}
+    assert set(kinds) == {"RayCluster", "RayJob"}
+    assert all(d["apiVersion"] == "ray.io/v1" for d in docs)
+    cluster, job = kinds["RayCluster"], kinds["RayJob"]
+    worker = cluster["spec"]["workerGroupSpecs"][0]
+    limits = worker["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "1" and worker["replicas"] >= 2
+    assert job["spec"]["clusterSelector"]["ray.io/cluster"] == cluster["metadata"]["name"]
+    assert job["spec"]["entrypoint"].startswith("agentrt train ")
+
+
+def test_slurm_script_is_valid_bash_that_starts_ray_and_joins_it():
+    script = CLUSTER / "slurm.sh"
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    text = script.read_text()
+    assert "ray start --head" in text and "ray start --address=" in text
+    assert "agentrt train" in text and "runtime.address=" in text
