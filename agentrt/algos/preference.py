@@ -32,7 +32,8 @@ PREFERENCE_LOSSES: Registry[PreferenceLoss] = Registry("preference loss")
 PAIR_MODES = ("all", "best_worst")
 
 
-def preference_loss(name: str, unpaired: bool = False) -> Callable[[PreferenceLoss], PreferenceLoss]:
+def preference_loss(name: str, unpaired: bool = False
+                    ) -> Callable[[PreferenceLoss], PreferenceLoss]:
     """Registers a loss; ``unpaired=True`` marks losses that learn from single labelled rows."""
 
     def wrap(fn: PreferenceLoss) -> PreferenceLoss:
@@ -157,7 +158,8 @@ def _pair_log_ratios(policy_logps: torch.Tensor, ref_logps: torch.Tensor,
 @preference_loss("dpo")
 def dpo_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, index: PreferenceIndex,
              cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """DPO, sigmoid loss (arXiv:2305.18290, eq. 7): -log sigma(beta h), mean over an example's pairs.
+    """DPO, sigmoid loss (arXiv:2305.18290, eq. 7): -log sigma(beta h), averaged over an
+    example's pairs.
 
     With ``cfg.label_smoothing`` eps > 0 it is conservative DPO (Mitchell 2023, "A note on DPO with
     noisy preferences"): -(1 - eps) log sigma(beta h) - eps log sigma(-beta h).

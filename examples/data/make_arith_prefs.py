@@ -3,9 +3,9 @@
 Each row's prompt comes from the training split of the arithmetic task (the task's held-out
 prompts never appear), ``chosen`` is the correct answer and ``rejected`` a plausible wrong one:
 last digit off by one, tens digit off by one, the carry dropped, digits swapped, a digit lost or
-doubled. ``--shape listwise`` writes ``{prompt, responses, scores}`` rows (the correct answer and
-three wrong ones, scored by closeness) and ``--shape unpaired`` ``{prompt, response, desirable}``
-rows (KTO).
+doubled. ``--shape listwise`` writes ``{prompt, responses, scores}`` rows (the correct answer
+and up to three wrong ones, scored by closeness) and ``--shape unpaired`` ``{prompt, response,
+desirable}`` rows (KTO).
 
 Run:  python examples/data/make_arith_prefs.py  (writes examples/data/arith_pairs.jsonl)
 """
@@ -30,7 +30,8 @@ def _no_carry_sum(a: int, b: int) -> int:
 
 
 def wrong_answers(a: int, b: int, value: int) -> list[int]:
-    """Distinct plausible wrong answers to ``a + b = value`` (all >= 0, none equal to value)."""
+    """Distinct plausible wrong answers to ``a + b = value`` (all >= 0, none equal to value;
+    at least two, since value + 1 and value + 10 always qualify)."""
     text = str(value)
     cands = [value + 1, value - 1, value + 10, value - 10, _no_carry_sum(a, b),
              int(text[:-1] or "0"), int(text + text[-1])]
@@ -56,10 +57,10 @@ def make_rows(n: int, shape: str, seed: int, digits: int, task_seed: int, eval_s
             rows.append({"prompt": ex.prompt, "chosen": ex.answer,
                          "rejected": str(rng.choice(wrong))})
         elif shape == "listwise":
-            picks = rng.sample(wrong, 3)
+            picks = rng.sample(wrong, min(3, len(wrong)))
             responses = [ex.answer] + [str(w) for w in picks]
             scores = [0.0] + [-float(abs(w - int(ex.answer))) for w in picks]
-            order = list(range(4))
+            order = list(range(len(responses)))
             rng.shuffle(order)
             rows.append({"prompt": ex.prompt, "responses": [responses[i] for i in order],
                          "scores": [scores[i] for i in order]})
