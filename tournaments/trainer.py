@@ -371,6 +371,7 @@ class LeagueTrainer:
         state = {"step": self.step, "rng": rng_state(),
                  "engines": {pid: e.state_dict() for pid, e in self.engines.items()},
                  "snapshots": {k: (s.version, s.state()) for k, s in self.snapshots.items()},
+                 "baselines": self.baselines,  # scripted policies carry RNG state
                  "tournament": self.tournament.state_dict()}
         self.run_dir.save_checkpoint(self.step, state, self.cfg.checkpoint.keep)
 
@@ -387,6 +388,7 @@ class LeagueTrainer:
             frozen.model.load_state_dict(weights)
             self.snapshots[key] = frozen
         self.tournament.load_state_dict(state["tournament"])
+        self.baselines = state["baselines"]
         set_rng_state(state["rng"])
         self.run_dir.truncate_metrics(self.step)
         log.warning("resumed from %s (step %d, %d games)", ckpt, self.step,
