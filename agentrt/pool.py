@@ -1,23 +1,19 @@
 """Policy pools: the API a controller drives one policy (or several LoRA policies) through.
 
 A pool hosts one full-weight policy, or several LoRA policies over one shared base model, on N
-data-parallel workers (:class:`~agentrt.worker.PolicyWorker`). Two implementations, one API:
-
-- :class:`PolicyPool`: N Ray actors in a placement group; gradients all-reduced over gloo.
-- :class:`LocalPool`: one worker in this process, no Ray (tests, benchmarks' baseline, and the
-  default ``runtime.backend: local``).
-
-The API (stable; the tournament controller calls exactly this; see docs/runtime.md)::
+data-parallel workers (:class:`~agentrt.worker.PolicyWorker`). :class:`PolicyPool` runs them as
+Ray actors in a placement group (gradients all-reduced over gloo); :class:`LocalPool` runs one in
+this process, no Ray (tests, bench baseline, ``runtime.backend: local``). Same API (stable; the
+tournament controller calls exactly this; docs/runtime.md)::
 
     pool.generate(prompts, sampling=None, adapter=None) -> list[Completion]   # order preserved
     pool.train(trajectories, adapter=None) -> dict[str, float]                # one RL step
     pool.version / pool.version_of(adapter) ; pool.snapshot(adapter, tag) -> "adapter@tag"
     pool.state_dict() / pool.load_state_dict(state) ; pool.shutdown()
 
-``train`` collates on the driver, has every worker ``prepare`` its rows (old/reference
-log-probs, values), computes advantages *once* on the whole batch here (group baselines need the
-whole batch; the stateful "rae" estimator must see each batch once), then every worker updates on
-its share of each mini-batch with gradients summed over workers, so all replicas stay identical.
+``train`` collates here, has every worker ``prepare`` its rows, computes advantages *once* on the
+whole batch here (group baselines need the whole batch; "rae" must see each batch once), then
+every worker updates on its share of each mini-batch with gradients summed over workers.
 """
 
 from __future__ import annotations
@@ -35,8 +31,8 @@ from agentrt.algos import RAEState
 from agentrt.config import PolicyConfig, ResourcesConfig, RuntimeConfig, SamplingConfig, SFTConfig
 from agentrt.engine import Completion, HybridEngine, advantages_from
 from agentrt.errors import AgentrtError
-from agentrt.types import TrainBatch, Trajectory, collate
-from agentrt.worker import PolicyWorker, Prepared
+from agentrt.types import Trajectory, collate
+from agentrt.worker import PolicyWorker, gather_prepared, split_rows
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +54,6 @@ def resolve_model(cfg: PolicyConfig, workdir: str | Path | None, seed: int) -> P
         build_model(folder, cfg.model.preset, seed=seed)
     return cfg.model_copy(update={"model": cfg.model.model_copy(
         update={"path": str(folder), "preset": None})})
-
-
-def split_rows(n: int, parts: int) -> list[slice]:
-    """``parts`` contiguous near-equal slices of ``range(n)`` (the workers' shares)."""
-    return [slice(i * n // parts, (i + 1) * n // parts) for i in range(parts)]
 
 
 class BasePool:
@@ -255,21 +246,6 @@ class BasePool:
         """Hook: the Ray pool keeps ``state`` as its recovery point."""
 
 
-def gather_prepared(batch: TrainBatch, prepared: list[Prepared]) -> dict[str, float]:
-    """Writes the workers' per-row results into ``batch``; token-weighted mean of metrics."""
-    cat = (lambda xs: xs[0] if len(xs) == 1 else torch.cat(xs))  # noqa: E731
-    batch.old_logprobs = cat([p.old_logprobs for p in prepared])
-    if prepared[0].ref_logprobs is not None:
-        batch.ref_logprobs = cat([p.ref_logprobs for p in prepared])
-    if prepared[0].values is not None:
-        batch.values = cat([p.values for p in prepared])
-    if len(prepared) == 1:
-        return dict(prepared[0].metrics)
-    total = max(1, sum(p.num_tokens for p in prepared))
-    return {k: sum(p.metrics[k] * p.num_tokens for p in prepared) / total
-            for k in prepared[0].metrics}
-
-
 class LocalPool(BasePool):
     """The pool API over one in-process worker (no Ray): tests, bench baseline, local runs.
 
@@ -352,7 +328,11 @@ class PolicyPool(BasePool):
         self._checkpoint: Any = None  # ObjectRef of the recovery point; None: initial state
         self._initial = {"rae": dict(self.rae), "versions": dict(self.versions)}
         self._journal: list[tuple[str, tuple]] = []
-        self._start_workers(policies, seed, total_steps)
+        try:
+            self._start_workers(policies, seed, total_steps)
+        except BaseException:
+            self.shutdown()  # no half-started pool keeps its placement group (or Ray) alive
+            raise
 
     def _start_workers(self, policies: list[PolicyConfig], seed: int, total_steps: int) -> None:
         import ray
@@ -395,7 +375,10 @@ class PolicyPool(BasePool):
                 infos = ray.get([w.info.remote() for w in self.workers])
                 if old_pids is None or not set(i["pid"] for i in infos) & set(old_pids):
                     break
-            except RayActorError:
+            except RayActorError as exc:
+                if old_pids is None:  # first start: the worker's constructor failed
+                    raise AgentrtError(f"pool {self.cfg.id!r}: a worker failed to start: "
+                                       f"{str(exc).splitlines()[-1]}") from exc
                 if time.monotonic() > deadline:
                     raise
             time.sleep(0.5)

@@ -40,6 +40,11 @@ def is_share_metric(key: str) -> bool:
     return key in SHARE_METRICS or key.endswith("/loss")
 
 
+def split_rows(n: int, parts: int) -> list[slice]:
+    """``parts`` contiguous near-equal slices of ``range(n)`` (the workers' shares)."""
+    return [slice(i * n // parts, (i + 1) * n // parts) for i in range(parts)]
+
+
 class GlooDataParallel:
     """The engine's data-parallel hooks over a torch.distributed process group (gloo on CPU).
 
@@ -53,7 +58,7 @@ class GlooDataParallel:
 
     def local_rows(self, n: int) -> slice:
         """Contiguous, near-equal shares; the pool makes every mini-batch have >= world rows."""
-        return slice(self.rank * n // self.world, (self.rank + 1) * n // self.world)
+        return split_rows(n, self.world)[self.rank]
 
     def sync_grads(self, params: list[nn.Parameter], finite: bool) -> bool:
         """Sums gradients over replicas with one all-reduce of a flat bucket plus a NaN flag."""
@@ -128,6 +133,21 @@ class Prepared:
     metrics: dict[str, float]
     num_tokens: int
     kl_coef: float
+
+
+def gather_prepared(batch: TrainBatch, prepared: list[Prepared]) -> dict[str, float]:
+    """Writes the workers' per-row results into ``batch``; token-weighted mean of metrics."""
+    cat = (lambda xs: xs[0] if len(xs) == 1 else torch.cat(xs))  # noqa: E731
+    batch.old_logprobs = cat([p.old_logprobs for p in prepared])
+    if prepared[0].ref_logprobs is not None:
+        batch.ref_logprobs = cat([p.ref_logprobs for p in prepared])
+    if prepared[0].values is not None:
+        batch.values = cat([p.values for p in prepared])
+    if len(prepared) == 1:
+        return dict(prepared[0].metrics)
+    total = max(1, sum(p.num_tokens for p in prepared))
+    return {k: sum(p.metrics[k] * p.num_tokens for p in prepared) / total
+            for k in prepared[0].metrics}
 
 
 class PolicyWorker:

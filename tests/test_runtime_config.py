@@ -1,4 +1,4 @@
-"""Runtime config and the cluster examples: validated up front, parsed by the tools that run them."""
+"""Runtime config and cluster examples: validated up front, parsed by the tools that run them."""
 
 from __future__ import annotations
 

@@ -48,6 +48,22 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+def test_local_pool_is_the_engine_loop_bit_for_bit(tiny_model_dir):
+    """The in-process path through a pool gives exactly the engine's prepare/advantages/update
+    (the single-policy run's results did not change)."""
+    from agentrt.engine import HybridEngine
+    from agentrt.types import collate
+
+    cfg = ppo_policy(tiny_model_dir)
+    local, eng = LocalPool(cfg, seed=0), HybridEngine(cfg, seed=0)
+    for trajs in make_batches(local, 2):
+        m_pool = local.train(trajs)
+        batch = collate(trajs, eng.pad_id)
+        m_eng = eng.prepare(batch) | eng.compute_advantages(batch) | eng.update(batch)
+        assert {k: v for k, v in m_pool.items() if k in m_eng} == m_eng
+    assert max_diff(local.weights(), eng.trainable_state()) == 0.0
+
+
 @pytest.fixture(scope="module")
 def pool(ray_session, tiny_model_dir):
     pool = PolicyPool(ppo_policy(tiny_model_dir), seed=0)

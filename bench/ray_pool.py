@@ -1,0 +1,92 @@
+"""Ray pool overhead: one single-policy GRPO step (generate + train) in-process vs. through Ray.
+
+    .venv/bin/python bench/ray_pool.py                     # llama-tiny, 16 prompts x 4 samples
+    .venv/bin/python bench/ray_pool.py --preset llama-small --prompts 32 --rounds 5
+
+The same workload (same prompts, same trajectories for training) runs on a :class:`LocalPool`
+(one engine in this process) and on :class:`PolicyPool`s of 1 and 2 Ray workers, each with one
+torch thread per worker (this process is pinned to one thread too, so 1 worker vs in-process is
+like for like). Every path is warmed up first; then the paths alternate step by step for
+``--rounds`` rounds and the median step time of each is reported with its ratio to in-process.
+Target: Ray with 1 worker at most 1.15x the in-process step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from agentrt.config import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.pool import BasePool, LocalPool, PolicyPool
+from agentrt.types import Trajectory, Turn
+
+
+def policy(model_dir: Path, workers: int, new_tokens: int) -> PolicyConfig:
+    return PolicyConfig(model=ModelConfig(path=str(model_dir)), algorithm=AlgorithmConfig(),
+                        optim={"lr": 1e-4}, micro_batch_size=16,
+                        rollout={"sampling": SamplingConfig(max_new_tokens=new_tokens)},
+                        resources={"num_workers": workers, "cpus_per_worker": 1})
+
+
+def step(pool: BasePool, prompts: list[list[int]], group: int) -> tuple[float, float]:
+    """One GRPO step; returns (generate seconds, train seconds)."""
+    start = time.perf_counter()
+    comps = pool.generate(prompts)
+    mid = time.perf_counter()
+    trajs = [Trajectory([Turn(p, c.response_ids, c.logprobs,
+                              reward=float(sum(c.response_ids) % 2))], group_id=str(i // group))
+             for i, (p, c) in enumerate(zip(prompts, comps))]
+    pool.train(trajs)
+    return mid - start, time.perf_counter() - mid
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="llama-tiny")
+    ap.add_argument("--prompts", type=int, default=16, help="distinct prompts per step")
+    ap.add_argument("--group", type=int, default=4, help="samples per prompt")
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=5, help="timed steps per path")
+    ap.add_argument("--warmup", type=int, default=2)
+    args = ap.parse_args()
+    import ray
+
+    from agentrt.policies import build_model
+
+    torch.set_num_threads(1)
+    model_dir = build_model(Path(tempfile.mkdtemp()) / "m", args.preset, seed=0)
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    paths: dict[str, BasePool] = {"in-process": LocalPool(policy(model_dir, 1, args.new_tokens))}
+    for n in (1, 2):
+        paths[f"ray {n} worker{'s' * (n > 1)}"] = PolicyPool(policy(model_dir, n, args.new_tokens))
+    tok = paths["in-process"].tokenizer
+    prompts = [[tok.bos_token_id] + tok.encode(f"{a}+{a * 7 % 100}=") for a in range(args.prompts)
+               for _ in range(args.group)]
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in paths}
+    for name, pool in paths.items():
+        for _ in range(args.warmup):
+            step(pool, prompts, args.group)
+    for _ in range(args.rounds):  # alternate, so that load on the machine hits every path alike
+        for name, pool in paths.items():
+            times[name].append(step(pool, prompts, args.group))
+    for pool in paths.values():
+        pool.shutdown()
+    ray.shutdown()
+    base = statistics.median(g + t for g, t in times["in-process"])
+    print(f"{args.preset}, {args.prompts}x{args.group} trajectories, {args.new_tokens} new tokens, "
+          f"median of {args.rounds} steps after {args.warmup} warm-up")
+    print(f"{'path':<16}{'step_s':>9}{'generate_s':>12}{'train_s':>9}{'ratio':>8}")
+    for name, rows in times.items():
+        total = statistics.median(g + t for g, t in rows)
+        gen = statistics.median(g for g, _ in rows)
+        train = statistics.median(t for _, t in rows)
+        print(f"{name:<16}{total:>9.3f}{gen:>12.3f}{train:>9.3f}{total / base:>8.2f}x")
+
+
+if __name__ == "__main__":
+    main()
