@@ -144,8 +144,8 @@ def bench_size(preset: str, workdir: Path, process_restart: bool, repeats: int
         warm = uniform_prompts(8, 16, seed=0)
         trainer.generate(warm, SamplingConfig(max_new_tokens=8))
         rollout.generate(warm, SamplingConfig(max_new_tokens=8))
-        row: dict[str, float] = {"params_M": sum(p.numel() for p in trainer.model.parameters()) / 1e6,
-                                 "vllm_start_s": startup}
+        params = sum(p.numel() for p in trainer.model.parameters())
+        row: dict[str, float] = {"params_M": params / 1e6, "vllm_start_s": startup}
         for name, workload in (("uniform", uniform_workload), ("multiturn", multi_turn_workload)):
             # Alternate the backends and keep each one's best run: other work on a shared
             # machine only ever slows a run down, so the best is the least disturbed.
