@@ -171,6 +171,9 @@ class AlgorithmConfig(Section):
     online: bool = Field(
         False, description="Preference losses: build pairs from the policy's own rollouts "
         "(ranked by the reward) instead of reading data.path.")
+    chosen_nll_coef: float = Field(
+        0.0, ge=0.0, description="Preference losses: add this times the per-token NLL of each "
+        "example's best responses (RPO, arXiv:2404.19733); 0 is off.")
 
     @property
     def is_preference(self) -> bool:

@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 
 from agentrt.algos import PREFERENCE_LOSSES, PreferenceIndex, sequence_logps
+from agentrt.algos.preference import group_mean
 from agentrt.config import DataConfig, dump_config
 from agentrt.engine import HybridEngine, chunks, shift_logprobs
 from agentrt.errors import AgentrtError
@@ -270,6 +271,12 @@ def preference_loss_fn(engine: HybridEngine) -> Callable[..., tuple[torch.Tensor
         logits = engine._logits(engine.model, mb.seqs, scaled=False)
         policy = sequence_logps(shift_logprobs(logits, mb.seqs.input_ids), mb.seqs.loss_mask)
         per_example, metrics = loss(policy, mb.ref_logps, mb.index, algo)
+        if algo.chosen_nll_coef:  # RPO: keeps the chosen answers likely (arXiv:2404.19733)
+            best = mb.index.desirable > 0
+            nll = -policy[best] / mb.seqs.loss_mask[best].sum(-1).clamp_min(1.0)
+            per_example = per_example + algo.chosen_nll_coef * group_mean(
+                nll, mb.index.group[best], mb.index.num_groups)
+            metrics["pref/chosen_nll"] = float(nll.detach().mean()) if nll.numel() else 0.0
         return per_example.sum() / n_seq, metrics
 
     return loss_fn

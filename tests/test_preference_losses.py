@@ -181,3 +181,29 @@ def test_dpo_small_beta_gradient_is_the_log_ratio_difference_direction(tiny_mode
     cos = lambda a, b: float(a @ b / (a.norm() * b.norm()))  # noqa: E731
     assert cos(grad(dpo(1e-4)), neg_h) > 0.9999
     assert cos(grad(dpo(1.0)), neg_h) < 0.99  # at beta 1 the pairs are weighted unequally
+
+
+def test_chosen_nll_term_adds_the_per_token_nll_of_the_best_responses(tiny_model_dir):
+    """RPO: loss = preference loss + coef * mean over examples of -log p(best) / its length."""
+    from agentrt.config import PolicyConfig
+    from agentrt.engine import HybridEngine
+    from agentrt.preference import PreferenceExample, make_batch, preference_loss_fn
+
+    def engine(coef):
+        return HybridEngine(PolicyConfig(model={"path": str(tiny_model_dir)}, algorithm={
+            "name": "dpo", "online": False, "chosen_nll_coef": coef}), seed=0)
+
+    plain, rpo = engine(0.0), engine(0.5)
+    tok = plain.tokenizer
+    examples = [PreferenceExample("", [[1, 30, 31]] * 2, [[40, 41, 2], [42, 2]], [0, 1]),
+                PreferenceExample("", [[1, 33]] * 3, [[43, 2], [44, 45, 46, 2], [47, 2]],
+                                  [1, 0, 2])]
+    batch = make_batch(examples, tok.pad_token_id)
+    batch.ref_logps = torch.tensor([-3.0, -2.0, -1.0, -4.0, -2.5])
+    base, _ = preference_loss_fn(plain)(batch, 5.0, 2.0)
+    with_nll, m = preference_loss_fn(rpo)(batch, 5.0, 2.0)
+    lp = sequence_logps(plain.logprobs(batch.seqs, scaled=False), batch.seqs.loss_mask)
+    nll_best = [-float(lp[0]) / 3, -float(lp[3]) / 4]  # row 0 (3 tokens), row 3 (4 tokens)
+    expected = float(base) + 0.5 * sum(nll_best) / 2
+    assert float(with_nll) == pytest.approx(expected, rel=1e-5)
+    assert m["pref/chosen_nll"] == pytest.approx(sum(nll_best) / 2, rel=1e-5)
