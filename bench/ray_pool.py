@@ -14,6 +14,7 @@ Target: Ray with 1 worker at most 1.15x the in-process step time.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -33,8 +34,20 @@ def policy(model_dir: Path, workers: int, new_tokens: int) -> PolicyConfig:
                         resources={"num_workers": workers, "cpus_per_worker": 1})
 
 
-def step(pool: BasePool, prompts: list[list[int]], group: int) -> tuple[float, float]:
-    """One GRPO step; returns (generate seconds, train seconds)."""
+def cpu_seconds(pool: BasePool) -> float:
+    """CPU time used so far by this process and, for a Ray pool, by its worker processes."""
+    own = time.process_time()
+    if isinstance(pool, PolicyPool):
+        import ray
+
+        own += sum(ray.get([w.__ray_call__.remote(lambda _: time.process_time())
+                            for w in pool.workers]))
+    return own
+
+
+def step(pool: BasePool, prompts: list[list[int]], group: int) -> tuple[float, float, float]:
+    """One GRPO step; returns (generate seconds, train seconds, CPU seconds of all processes)."""
+    cpu = cpu_seconds(pool)
     start = time.perf_counter()
     comps = pool.generate(prompts)
     mid = time.perf_counter()
@@ -42,7 +55,8 @@ def step(pool: BasePool, prompts: list[list[int]], group: int) -> tuple[float, f
                               reward=float(sum(c.response_ids) % 2))], group_id=str(i // group))
              for i, (p, c) in enumerate(zip(prompts, comps))]
     pool.train(trajs)
-    return mid - start, time.perf_counter() - mid
+    end = time.perf_counter()
+    return mid - start, end - start - (mid - start), cpu_seconds(pool) - cpu
 
 
 def main() -> None:
@@ -67,7 +81,7 @@ def main() -> None:
     tok = paths["in-process"].tokenizer
     prompts = [[tok.bos_token_id] + tok.encode(f"{a}+{a * 7 % 100}=") for a in range(args.prompts)
                for _ in range(args.group)]
-    times: dict[str, list[tuple[float, float]]] = {k: [] for k in paths}
+    times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in paths}
     for name, pool in paths.items():
         for _ in range(args.warmup):
             step(pool, prompts, args.group)
@@ -77,15 +91,23 @@ def main() -> None:
     for pool in paths.values():
         pool.shutdown()
     ray.shutdown()
-    base = statistics.median(g + t for g, t in times["in-process"])
+    report(times, args)
+
+
+def report(times: dict[str, list[tuple[float, float, float]]], args: argparse.Namespace) -> None:
+    """Median wall time per step and its ratio to in-process; CPU seconds per step (all
+    processes of the path) and their ratio, which a loaded machine disturbs far less."""
+    med = {name: [statistics.median(r[i] for r in rows) for i in range(3)]
+           + [statistics.median(r[0] + r[1] for r in rows)] for name, rows in times.items()}
+    base_wall, base_cpu = med["in-process"][3], med["in-process"][2]
     print(f"{args.preset}, {args.prompts}x{args.group} trajectories, {args.new_tokens} new tokens, "
-          f"median of {args.rounds} steps after {args.warmup} warm-up")
-    print(f"{'path':<16}{'step_s':>9}{'generate_s':>12}{'train_s':>9}{'ratio':>8}")
-    for name, rows in times.items():
-        total = statistics.median(g + t for g, t in rows)
-        gen = statistics.median(g for g, _ in rows)
-        train = statistics.median(t for _, t in rows)
-        print(f"{name:<16}{total:>9.3f}{gen:>12.3f}{train:>9.3f}{total / base:>8.2f}x")
+          f"median of {args.rounds} steps after {args.warmup} warm-up; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'path':<16}{'step_s':>8}{'gen_s':>8}{'train_s':>9}{'ratio':>8}{'cpu_s':>8}"
+          f"{'cpu ratio':>11}")
+    for name, (gen, train, cpu, wall) in med.items():
+        print(f"{name:<16}{wall:>8.3f}{gen:>8.3f}{train:>9.3f}{wall / base_wall:>7.2f}x"
+              f"{cpu:>8.3f}{cpu / base_cpu:>10.2f}x")
 
 
 if __name__ == "__main__":
