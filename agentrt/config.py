@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentrt.errors import ConfigError
+from agentrt.memory.augment import MemoryConfig
 
 
 class Section(BaseModel):
@@ -246,6 +247,9 @@ class PolicyConfig(Section):
     micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward.")
     trainable: bool = Field(True, description="False freezes the policy (opponents, snapshots).")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    memory: MemoryConfig | None = Field(
+        None, description="Memory bank this policy reads into prompts and writes at episode end "
+        "(docs/memory.md); None: no memory.")
 
 
 class TaskConfig(Section):
@@ -344,6 +348,13 @@ class TrainConfig(Section):
     progress: bool = Field(True, description="Show a progress bar on the terminal.")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     data: DataConfig = Field(default_factory=DataConfig)
+
+    @model_validator(mode="after")
+    def _no_memory(self) -> TrainConfig:
+        if self.policy.memory is not None:
+            raise ValueError("policy.memory needs episodes to remember; the single-task trainer "
+                             "has none: use it in a tournament run (agentrt tournament run)")
+        return self
 
     @model_validator(mode="after")
     def _preference_source(self) -> TrainConfig:

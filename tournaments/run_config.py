@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from agentrt.config import CheckpointConfig, PolicyConfig, Section
+from agentrt.memory.policy import MemoryBanksConfig, check_policy_memory
 from agentrt.runner.core import RunnerConfig
 from agentrt.tournaments.config import ScheduleConfig
 
@@ -96,6 +97,19 @@ class TournamentRunConfig(Section):
     train: LeagueLoopConfig = Field(default_factory=LeagueLoopConfig)
     eval: LeagueEvalConfig = Field(default_factory=LeagueEvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    memory: MemoryBanksConfig = Field(
+        default_factory=MemoryBanksConfig, description="Banks policies name in memory.bank.")
+
+    @model_validator(mode="after")
+    def _memory(self) -> TournamentRunConfig:
+        for p in self.policies:
+            if p.memory is None:
+                continue
+            check_policy_memory(p.id, p.memory, self.memory.banks)
+            if "reflection" in p.memory.write:
+                raise ValueError(f"policy {p.id!r} memory.write 'reflection' needs a reflect "
+                                 "function, which tournament runs do not take yet; drop it")
+        return self
 
     @model_validator(mode="after")
     def _ids(self) -> TournamentRunConfig:
