@@ -23,6 +23,7 @@ import torch
 
 from agentrt.config import SamplingConfig, dump_config
 from agentrt.engine import HybridEngine
+from agentrt.memory.policy import wire_memories
 from agentrt.policies.base import Action, ActRequest
 from agentrt.policies.lm import LMPolicy, PromptTemplate
 from agentrt.policies.scripted import (
@@ -157,6 +158,9 @@ class LeagueTrainer:
         templates = {e.id: PromptTemplate(e.template.first, e.template.turn) for e in cfg.envs}
         self.stateless = {e.id for e in cfg.envs if not e.template.history}
         self.lm = {pid: self._lm_policy(eng, templates) for pid, eng in self.engines.items()}
+        # Memory-augmented learners read their bank in every prompt; snapshots never do.
+        self.memory = wire_memories(self.lm, {p.id: p.memory for p in cfg.policies},
+                                    cfg.memory.banks, self.run_dir.path)
         self.baselines = {b.id: SCRIPTED[b.kind](seed=b.seed) for b in cfg.baselines}
         self.snapshots: dict[str, FrozenLM] = {}
         entrants = [Entrant(p.id, learning=p.trainable, league_role=p.league_role)
@@ -219,7 +223,8 @@ class LeagueTrainer:
         runner_cfg = self.cfg.runner.model_copy(update={"random_seats": False})
         specs = [EpisodeSpec(m.env, m.keys, seed=match_seed(self.cfg.seed, m.match_id),
                              env_kwargs=self.env_kwargs[m.env]) for m in matches]
-        return EpisodeRunner(policies, runner_cfg).run(specs)
+        writer = self.memory.on_episode_end if self.memory.policies else None
+        return EpisodeRunner(policies, runner_cfg).run(specs, on_episode_end=writer)
 
     def _policies(self, matches: list[Match]) -> dict[str, Any]:
         needed = {p.key for m in matches for p in m.players}
@@ -372,7 +377,8 @@ class LeagueTrainer:
                  "engines": {pid: e.state_dict() for pid, e in self.engines.items()},
                  "snapshots": {k: (s.version, s.state()) for k, s in self.snapshots.items()},
                  "baselines": self.baselines,  # scripted policies carry RNG state
-                 "tournament": self.tournament.state_dict()}
+                 "tournament": self.tournament.state_dict(),
+                 "memory": self.memory.state_dict()}
         self.run_dir.save_checkpoint(self.step, state, self.cfg.checkpoint.keep)
 
     def _resume(self) -> bool:
@@ -388,6 +394,7 @@ class LeagueTrainer:
             frozen.model.load_state_dict(weights)
             self.snapshots[key] = frozen
         self.tournament.load_state_dict(state["tournament"])
+        self.memory.load_state_dict(state.get("memory", {}))
         self.baselines = state["baselines"]
         set_rng_state(state["rng"])
         self.run_dir.truncate_metrics(self.step)
