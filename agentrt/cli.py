@@ -22,8 +22,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 def _setup() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # Our own progress messages at INFO; libraries (faiss, httpx, ray) only when they warn.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("agentrt").setLevel(logging.INFO)
 
 
 @app.command()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import tempfile
 import time
@@ -40,7 +41,12 @@ def main() -> None:
     print(f"SFT-only accuracy      {first:.3f}")
     print(f"after GRPO             {last:.3f}")
     print(f"gain                   {100 * (last - first):+.1f} points")
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = usage.ru_utime + usage.ru_stime
     print(f"wall time: SFT {sft_s:.0f} s, GRPO {total - sft_s:.0f} s, total {total:.0f} s")
+    # On a shared machine wall time is inflated by other load; CPU seconds of this process are
+    # what an idle machine would need (with threads=1, wall ~= CPU there).
+    print(f"CPU time of this process: {cpu:.0f} s (threads={cfg.threads or 'all'})")
     shutil.copy(run_dir / "curves.png", Path("bench_grpo_arith_curves.png"))
     print(f"curves: bench_grpo_arith_curves.png (run folder {run_dir})")
 
