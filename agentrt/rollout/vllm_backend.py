@@ -20,6 +20,7 @@ import gc
 import logging
 import os
 import random
+import shutil
 import tempfile
 import time
 import weakref
@@ -154,6 +155,8 @@ class VLLMRollout:
         self.lora_enabled = lora_rank is not None
         self.adapters = AdapterRegistry(_adapter_store(), self.cfg.max_resident_adapters,
                                         self._load_adapter, self._unload_adapter)
+        # Adapter folders go with the engine, also when it is never closed (runs at exit too).
+        self._remove_store = weakref.finalize(self, shutil.rmtree, self.adapters.root, True)
         from vllm.platforms import current_platform
 
         self.is_cpu = current_platform.is_cpu()
@@ -385,11 +388,9 @@ class VLLMRollout:
 
     def close(self) -> None:
         """Shuts the engine down and deletes the adapter folders it wrote."""
-        import shutil
-
         self._finalizer()
         self.llm = None
-        shutil.rmtree(self.adapters.root, ignore_errors=True)
+        self._remove_store()
 
 
 def attach_vllm(engine: Any, seed: int = 0) -> VLLMRollout:
