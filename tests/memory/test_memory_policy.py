@@ -111,8 +111,9 @@ def solved_rate(run) -> float:
 def measure_recall_gap(model_dir, run_dir, steps: int = SFT_STEPS) -> tuple[float, float, int]:
     """SFT on demonstrations, then memory on vs off: ``(rate_on, rate_off, demonstrations)``.
 
-    Not yet a test: with 500 steps (batch 32, lr 3e-3) the tiny LM reached memory on 0.02, off
-    0.0 (it has not learnt to copy the code from its context); see docs/memory.md.
+    Not yet a test: after 500 / 1,000 steps (batch 32, lr 3e-3) the tiny LM reached memory on
+    0.021 / 0.000, off 0.000 / 0.000 (it has not learnt to copy the code from its context);
+    see docs/memory.md.
     Run: ``.venv/bin/python tests/memory/test_memory_policy.py [steps]``.
     """
     eng = make_engine(model_dir)
