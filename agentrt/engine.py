@@ -94,6 +94,15 @@ def make_scheduler(opt: torch.optim.Optimizer, cfg: OptimConfig, total_steps: in
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+# Metrics that are a micro-batch's (or replica's) *share* of a whole mini-batch quantity (losses
+# divided by the mini-batch's counts): they add up. Every other metric is a local mean, averaged.
+SHARE_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl", "critic/vf_loss")
+
+
+def is_share_metric(key: str) -> bool:
+    return key in SHARE_METRICS or key.endswith("/loss")
+
+
 class DataParallel(Protocol):
     """Hooks a data-parallel pool worker plugs into the engine (``agentrt.worker``).
 
@@ -172,6 +181,10 @@ class HybridEngine:
         self.model.eval()  # dropout off: rollout and training see the same function
         self.rollout = HFRollout(model, self.tokenizer, cfg.rollout.sampling,
                                  cfg.rollout.batch_size, self.autocast_dtype)
+        if cfg.rollout.backend == "vllm":  # same weights, pushed in place after every update
+            from agentrt.rollout import attach_vllm
+
+            self.rollout = attach_vllm(self, seed=seed)
         self.ref_model = self._make_reference()
         self.critic = ValueModel(self._base_lm()) if self.algo.critic else None
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -370,7 +383,7 @@ class HybridEngine:
             max_norm = self.cfg.optim.max_grad_norm or float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
             finite = math.isfinite(grad_norm)
-        out = {k: sum(v) / len(v) for k, v in metrics.items()}
+        out = {k: sum(v) if is_share_metric(k) else sum(v) / len(v) for k, v in metrics.items()}
         out[f"{prefix}/grad_norm"] = grad_norm
         out[f"{prefix}/loss"] = total
         out[f"{prefix}/skipped"] = 0.0 if finite else 1.0
@@ -416,7 +429,12 @@ class HybridEngine:
         if self.uses_reference:
             self.kl_ctl.update(metrics.get("actor/kl", 0.0), batch.size)
         self.version += 1
-        return metrics
+        return metrics | self._sync_rollout()
+
+    def _sync_rollout(self) -> dict[str, float]:
+        """Pushes new weights into a separate rollout engine (vLLM); the HF rollout shares them."""
+        sync = getattr(self.rollout, "sync_from", None)
+        return {} if sync is None else {"timing_s/sync": float(sync(self))}
 
     def sft_update(self, batch: TrainBatch, optimizer: torch.optim.Optimizer) -> dict[str, float]:
         """One supervised step: token-mean cross-entropy on ``loss_mask`` tokens."""
@@ -433,7 +451,7 @@ class HybridEngine:
         finally:
             self.model.eval()
         self.version += 1
-        return metrics
+        return metrics | self._sync_rollout()
 
     # ------------------------------------------------------------------ state
     def trainable_state(self) -> dict[str, torch.Tensor]:

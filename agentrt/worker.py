@@ -28,16 +28,16 @@ from torch import nn
 
 from agentrt.algos import KL_CONTROLLERS, RAEState
 from agentrt.config import PolicyConfig, SamplingConfig, SFTConfig
-from agentrt.engine import Completion, HybridEngine, ValueModel, make_optimizer, make_scheduler
+from agentrt.engine import (
+    Completion,
+    HybridEngine,
+    ValueModel,
+    is_share_metric,
+    make_optimizer,
+    make_scheduler,
+)
 from agentrt.types import TrainBatch
 
-# Metrics that are a replica's *share* of a whole-batch quantity (losses divided by the global
-# counts): they add up over replicas. Every other metric is a per-replica mean and is averaged.
-SHARE_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl", "critic/vf_loss")
-
-
-def is_share_metric(key: str) -> bool:
-    return key in SHARE_METRICS or key.endswith("/loss")
 
 
 def split_rows(n: int, parts: int) -> list[slice]:

@@ -177,3 +177,18 @@ def test_factory_model_loads_with_auto_classes(tiny_model_dir):
     assert cfg.hidden_size // cfg.num_attention_heads >= 64  # servable by vLLM
     text = "7*8=56 — ünïcode ok"
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+def test_loss_metrics_do_not_depend_on_the_micro_batch_size(tiny_model_dir):
+    algo = AlgorithmConfig(kl={"coef": 0.05})
+    engines = [make_engine(tiny_model_dir, micro_batch_size=mbs, algorithm=algo)
+               for mbs in (4, 64)]
+    batch, _ = rollout_batch(engines[0])
+    out = []
+    for eng in engines:
+        b = batch.select(list(range(batch.size)))
+        eng.prepare(b)
+        eng.compute_advantages(b)
+        out.append(eng.update(b))
+    for key in ("actor/pg_loss", "actor/entropy", "actor/kl", "actor/loss"):
+        assert out[0][key] == pytest.approx(out[1][key], rel=1e-4, abs=1e-7), key
