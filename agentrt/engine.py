@@ -186,6 +186,7 @@ class HybridEngine:
 
             self.rollout = attach_vllm(self, seed=seed)
         self.ref_model = self._make_reference()
+        self.ref_is_warm_start = False  # True once reset_reference() re-bases it
         self.critic = ValueModel(self._base_lm()) if self.algo.critic else None
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(params, cfg.optim)
@@ -232,6 +233,7 @@ class HybridEngine:
         """
         if self.needs_reference:
             self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()
+            self.ref_is_warm_start = True
 
     @property
     def uses_reference(self) -> bool:
@@ -484,6 +486,10 @@ class HybridEngine:
             "shuffle_gen": self.shuffle_gen.get_state(),
             "skipped_steps": self.skipped_steps,
             "rae_state": self.rae_state.state_dict(),
+            # A reference re-based on the warm-started weights cannot be rebuilt from the model
+            # folder, so it travels with the checkpoint (None: it is the folder's weights).
+            "reference": (self.ref_model.state_dict()
+                          if self.ref_model is not None and self.ref_is_warm_start else None),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -498,6 +504,9 @@ class HybridEngine:
         self.shuffle_gen.set_state(state["shuffle_gen"])
         self.skipped_steps = int(state["skipped_steps"])
         self.rae_state.load_state_dict(state["rae_state"])
+        if state.get("reference") is not None:
+            self.reset_reference()
+            self.ref_model.load_state_dict(state["reference"])
 
     def save_pretrained(self, folder: str | Path) -> Path:
         """Writes the policy in Hugging Face format (the adapter alone for LoRA policies)."""

@@ -255,6 +255,7 @@ class PolicyWorker:
         eng = self._engine(adapter, trainable=True)
         self.sft_state.pop(eng.policy_id, None)
         eng.version = 0
+        eng.reset_reference()  # KL is measured against the warm-started policy, not the base
 
     def snapshot(self, adapter: str, tag: str) -> str:
         """Freezes a copy of LoRA policy ``adapter`` as the adapter ``"<adapter>@<tag>"``."""

@@ -192,3 +192,19 @@ def test_loss_metrics_do_not_depend_on_the_micro_batch_size(tiny_model_dir):
         out.append(eng.update(b))
     for key in ("actor/pg_loss", "actor/entropy", "actor/kl", "actor/loss"):
         assert out[0][key] == pytest.approx(out[1][key], rel=1e-4, abs=1e-7), key
+
+
+def test_reference_rebased_after_warm_start_survives_a_checkpoint(tiny_model_dir):
+    eng = make_engine(tiny_model_dir, algorithm=AlgorithmConfig(kl={"coef": 0.1}),
+                      optim={"lr": 1e-2})
+    batch, _ = rollout_batch(eng)
+    eng.prepare(batch)
+    eng.compute_advantages(batch)
+    eng.update(batch)  # stands in for a warm start
+    eng.reset_reference()
+    eng.prepare(batch)
+    torch.testing.assert_close(batch.ref_logprobs, batch.old_logprobs)  # ref == current policy
+    other = make_engine(tiny_model_dir, algorithm=AlgorithmConfig(kl={"coef": 0.1}))
+    other.load_state_dict(eng.state_dict())
+    other.prepare(batch)
+    torch.testing.assert_close(batch.ref_logprobs, batch.old_logprobs)

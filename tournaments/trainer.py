@@ -360,6 +360,7 @@ class LeagueTrainer:
                     bar.update(i + 1, {"sft/loss": metrics["sft/loss"]})
             bar.close()
             eng.version = 0
+            eng.reset_reference()  # KL (when on) is to the warm-started policy
         self.tournament.on_step(0, {pid: self.engines[pid].version for pid in self.learners})
         metrics |= self.evaluate() | self.timer.pop()
         self.run_dir.log_metrics(0, metrics)
