@@ -118,8 +118,8 @@ def rae(inp: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Role-conditioned advantage (SPIRAL, arXiv:2506.24119): A_i = R_i - EMA baseline of
     (env, role, policy). Updates the EMA, so call it once per training batch.
 
-    Shapes: returns ``(advantages [B, T], returns [B, T])`` zero off ``loss_mask``. Reads
-    ``cfg.rae_alpha`` when the config has it, else the state's alpha (0.95).
+    Shapes: returns ``(advantages [B, T], returns [B, T])`` zero off ``loss_mask``. The EMA
+    decay is the state's (engines build it from ``algorithm.rae_alpha``, default 0.95).
     """
     bad = [g for g in set(inp.group_ids) if len(g.split("|")) < 3 or not all(g.split("|"))]
     if bad:
@@ -127,6 +127,6 @@ def rae(inp: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
             f"rae needs group ids 'env|role|policy' (build them with rae_group_id); got {bad[:3]}"
         )
     scores = inp.scores
-    base = current_rae_state().step(inp.group_ids, scores, getattr(cfg, "rae_alpha", None))
+    base = current_rae_state().step(inp.group_ids, scores)  # alpha: the state's own
     adv = (scores - base)[:, None] * inp.loss_mask
     return adv, adv.clone()
