@@ -34,17 +34,25 @@ class PromptTemplate:
         first: Text of an agent's first turn in an episode.
         turn: Text appended for each later turn (after the previous response).
         add_bos: Start the first prompt with the tokenizer's bos token.
+        history: Later prompts extend the previous prompt + response (False: every prompt is
+            bos + ``first`` with the current observation, for games whose observation is the
+            whole state; each turn then trains as its own sequence).
     """
 
     first: str = "{observation}\nAction: "
     turn: str = "\n{observation}\nAction: "
     add_bos: bool = True
+    history: bool = True
 
     def render(self, request: ActRequest) -> str:
         legal = request.legal_actions
         fields = {"observation": request.observation, "agent": request.agent,
                   "env": request.env_name, "legal": ", ".join(legal) if legal else "any text"}
-        return (self.first if request.previous is None else self.turn).format(**fields)
+        return (self.turn if self.continues(request) else self.first).format(**fields)
+
+    def continues(self, request: ActRequest) -> bool:
+        """Whether this prompt extends the agent's previous turn (False: a fresh prompt)."""
+        return self.history and request.previous is not None
 
 
 DEFAULT_TEMPLATE = PromptTemplate()
@@ -99,11 +107,11 @@ class LMPolicy:
         """Token ids of the prompt for ``request`` (see module docstring)."""
         tpl = self.template(request.env_name)
         prev = request.previous
-        if prev is None:
+        if tpl.continues(request):
+            head = prev.prompt_ids + prev.response_ids
+        else:
             bos = self.tokenizer.bos_token_id
             head = [bos] if tpl.add_bos and bos is not None else []
-        else:
-            head = prev.prompt_ids + prev.response_ids
         return head + list(context_ids or []) + self.encode(tpl.render(request))
 
     def act(self, requests: list[ActRequest]) -> list[Action]:

@@ -38,7 +38,7 @@ from agentrt.rollout.hf import HFRollout
 from agentrt.run import RunDir, Timer, load_checkpoint, rng_state, seed_everything, set_rng_state
 from agentrt.runner.core import EpisodeRecord, EpisodeRunner, EpisodeSpec
 from agentrt.tournaments.report import build_leaderboard, format_leaderboard
-from agentrt.tournaments.run_config import TemplateConfig, TournamentRunConfig
+from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.session import Tournament
 from agentrt.tournaments.types import Entrant, Match, MatchResult, Player
 from agentrt.types import Trajectory, Turn, collate
@@ -93,17 +93,6 @@ class Teacher:
         return out
 
 
-class StatelessLMPolicy(LMPolicy):
-    """An LM policy whose every prompt is bos + the current observation (``history: false``)."""
-
-    def prompt_ids(self, request: ActRequest, context_ids: list[int] | None = None) -> list[int]:
-        bos = self.tokenizer.bos_token_id
-        tpl = self.template(request.env_name)
-        text = tpl.first.format(observation=request.observation, agent=request.agent,
-                                env=request.env_name, legal="")
-        return [bos] + list(context_ids or []) + self.encode(text)
-
-
 def training_trajectories(trajs: list[Trajectory]) -> list[Trajectory]:
     """Episodes whose turns extend each other stay one sequence; stateless turns become one
     trajectory each, credited with the return from that turn on (rewards arrive at the end)."""
@@ -155,9 +144,9 @@ class LeagueTrainer:
         self.engines = {p.id: HybridEngine(p, seed=cfg.seed, workdir=self.run_dir.path,
                                            total_steps=cfg.train.steps) for p in cfg.policies}
         self.learners = [p.id for p in cfg.policies if p.trainable]
-        templates = {e.id: PromptTemplate(e.template.first, e.template.turn) for e in cfg.envs}
-        self.stateless = {e.id for e in cfg.envs if not e.template.history}
-        self.lm = {pid: self._lm_policy(eng, templates) for pid, eng in self.engines.items()}
+        templates = {e.id: PromptTemplate(e.template.first, e.template.turn,
+                                          history=e.template.history) for e in cfg.envs}
+        self.lm = {pid: LMPolicy(eng, templates) for pid, eng in self.engines.items()}
         # Memory-augmented learners read their bank in every prompt; snapshots never do.
         self.memory = wire_memories(self.lm, {p.id: p.memory for p in cfg.policies},
                                     cfg.memory.banks, self.run_dir.path)
@@ -170,12 +159,6 @@ class LeagueTrainer:
         self.env_kwargs = {e.id: dict(e.kwargs) for e in cfg.envs}
         self.timer = Timer()
         self.step = 0
-
-    def _lm_policy(self, engine: Any, templates: dict[str, PromptTemplate]) -> LMPolicy:
-        # One env's template decides statefulness for the policy; mixed runs keep history.
-        cls = StatelessLMPolicy if self.stateless and len(self.stateless) == len(self.cfg.envs) \
-            else LMPolicy
-        return cls(engine, templates)
 
     # -------------------------------------------------------------- the loop
     def run(self, stop_after: int | None = None) -> dict[str, float]:
@@ -244,9 +227,8 @@ class LeagueTrainer:
             if int(version) != 0 or self.step:
                 raise KeyError(f"snapshot {key} was never materialised")
             self.snapshots[key] = FrozenLM(self.engines[pid], key, 0)
-        frozen = self.snapshots[key]
-        return type(self.lm[key.split("@")[0]])(frozen, self.lm[key.split("@")[0]].templates,
-                                                 trainable=False)
+        return LMPolicy(self.snapshots[key], self.lm[key.split("@")[0]].templates,
+                        trainable=False)
 
     def _train(self, pid: str, trajs: list[Trajectory]) -> dict[str, float]:
         engine = self.engines[pid]
