@@ -98,6 +98,7 @@ def test_ray_run_matches_in_process_and_ctrl_c_leaves_a_resumable_checkpoint(
 
     # Resume the Ray run's checkpoint in-process to STEPS; compare with an in-process run.
     done = max(int(p.name.split("_")[1]) for p in (ray_dir / "checkpoints").glob("step_*"))
+    # Ctrl-C must have landed mid-run: at least one checkpoint, and not the finished run.
     assert 1 <= done < STEPS
     Trainer(validate_config(config(ray_dir, tiny_model_dir))).run()
     Trainer(validate_config(config(local_dir, tiny_model_dir))).run()
