@@ -38,11 +38,21 @@ def ttt_winner(board: tuple[int, ...] | list[int]) -> int:
 class TicTacToe(MultiAgentEnv):
     """Tic-tac-toe: player_0 is X and moves first; cells are numbered 0-8 row by row.
 
+    Args:
+        compact: Observe the board as one short line, ``"X|X1O3X5678"`` (own mark, then the nine
+            cells row by row, a digit for each empty cell), instead of the sentence-and-grid
+            text. Small models trained from scratch learn much faster from 11 characters than
+            from ~110; pretrained LMs read the default text better.
+
     ``observe_struct(agent)`` gives ``{"board": tuple of 9 ints (0 empty, 1 X, 2 O), "mark": 1|2}``.
     """
 
     metadata = {"render_modes": ["ansi"], "name": "tic_tac_toe"}
     possible_agents = ["player_0", "player_1"]
+
+    def __init__(self, compact: bool = False, render_mode: str | None = None) -> None:
+        super().__init__(render_mode=render_mode)
+        self.compact = compact
 
     @staticmethod
     def vector_game() -> Any:
@@ -88,6 +98,9 @@ class TicTacToe(MultiAgentEnv):
 
     def _observe(self, agent: str) -> str:
         mark = _MARKS[self._mark(agent)]
+        if self.compact:
+            cells = "".join(_MARKS[v] if v else str(i) for i, v in enumerate(self.board))
+            return f"{mark}|{cells}"
         return (f"Tic-tac-toe. You play {mark}. Board (digits are empty cells):\n{self._grid()}\n"
                 "Reply with the number of an empty cell.")
 

@@ -10,13 +10,13 @@ import pyspiel
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from agentrt.envs import ENVS, calculate, check_multiagent_env, make
+from agentrt.envs import ENVS, calculate, check_multiagent_env, make, make_multi
 from agentrt.envs.board import ttt_winner
 from agentrt.envs.vector import TicTacToeVector
 from agentrt.errors import ConfigError
 
 SINGLE = ["Task-v0", "ToolUse-v0", "Recall-v0"]
-MULTI = [("TicTacToe-v0", {}), ("ConnectFour-v0", {}), ("KuhnPoker-v0", {}), ("Bargain-v0", {}),
+MULTI = [("TicTacToe-v0", {}), ("TicTacToe-v0", {"compact": True}), ("ConnectFour-v0", {}), ("KuhnPoker-v0", {}), ("Bargain-v0", {}),
          ("OpenSpiel-v0", {"game": "kuhn_poker"}), ("OpenSpiel-v0", {"game": "tic_tac_toe"}),
          ("TextArena-v0", {"env_id": "TicTacToe-v0"})]
 
@@ -223,6 +223,17 @@ def test_recall_world_is_fixed_across_episodes_and_revealed_at_the_end() -> None
         assert info["revealed"]["value"] == make("Recall-v0", world_seed=4).world[env.key]
         assert info["revealed"]["value"] in obs
     assert len(keys) > 5
+
+
+def test_compact_tictactoe_observation_is_the_same_state_in_one_line() -> None:
+    full, compact = make_multi("TicTacToe-v0"), make_multi("TicTacToe-v0", compact=True)
+    for env in (full, compact):
+        env.reset(seed=0)
+        for move in ("4", "0", "8"):
+            env.step(move)
+    assert compact.observe("player_1") == "O|O123X567X"
+    assert "O 1 2\n3 X 5\n6 7 X" in full.observe("player_1")
+    assert compact.observe_struct("player_1") == full.observe_struct("player_1")
 
 
 def test_ttt_winner_helper() -> None:
