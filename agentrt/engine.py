@@ -51,6 +51,12 @@ def shift_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return torch.nn.functional.pad(lp, (1, 0))
 
 
+def shift_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the distribution each token was drawn from, aligned like :func:`shift_logprobs`
+    (position t: the softmax of logits t-1; position 0 gets 0). [B,T,V] -> [B,T]."""
+    return torch.nn.functional.pad(entropy_from_logits(logits[:, :-1]), (1, 0))
+
+
 class ValueModel(nn.Module):
     """Critic: the policy's transformer body with a scalar head, initialised from policy weights.
 
@@ -333,7 +339,7 @@ class HybridEngine:
             logp, mb.old_logprobs, mb.advantages, mb.loss_mask, algo)
         agg = lambda x: aggregate(x, mb.loss_mask, algo.loss_agg, n_tok, n_seq)  # noqa: E731
         pg_loss = agg(token_loss)
-        entropy = agg(entropy_from_logits(logits if algo.entropy_coef else logits.detach()))
+        entropy = agg(shift_entropy(logits if algo.entropy_coef else logits.detach()))
         loss = pg_loss - algo.entropy_coef * entropy
         metrics.update({"actor/pg_loss": float(pg_loss.detach()), "actor/entropy": float(entropy.detach())})
         if self.uses_reference:

@@ -183,6 +183,15 @@ def test_kl_controllers():
 def test_entropy_and_whiten():
     logits = torch.zeros(1, 1, 4)
     assert float(entropy_from_logits(logits)) == pytest.approx(math.log(4))
+    # The entropy a token carries is that of the softmax it was sampled from (the previous
+    # position's logits), the same alignment as its log-prob.
+    from agentrt.engine import shift_entropy, shift_logprobs
+
+    sharp = torch.full((4,), -30.0).index_fill(0, torch.tensor([2]), 30.0)
+    seq = torch.stack([torch.zeros(4), sharp, torch.zeros(4)])[None]  # [1, 3, 4]
+    ent = shift_entropy(seq)
+    assert ent[0, 0] == 0 and ent[0, 1] == pytest.approx(math.log(4)) and ent[0, 2] < 1e-6
+    assert shift_logprobs(seq, torch.tensor([[0, 1, 2]]))[0, 2] > -1e-6
     x = torch.tensor([1.0, 2.0, 3.0, 100.0])
     w = masked_whiten(x, torch.tensor([1, 1, 1, 0.0]))
     torch.testing.assert_close(w, torch.tensor([-1.0, 0.0, 1.0, 0.0]), atol=1e-4, rtol=0)
