@@ -378,7 +378,9 @@ def format_validation_error(err: ValidationError) -> str:
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """['policy.optim.lr=1e-3', 'train.steps=5'] -> nested dict (values parsed as YAML)."""
+    """['policy.optim.lr=1e-3', 'train.steps=5'] -> nested dict (values parsed as YAML).
+
+    A number picks an element of a list section: ``policies.0.optim.lr=3e-4``."""
     out: dict[str, Any] = {}
     for item in overrides:
         if "=" not in item:
@@ -397,9 +399,23 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = _merge(merged[key], value)
+        elif isinstance(value, dict) and isinstance(merged.get(key), list):
+            merged[key] = _merge_list(key, merged[key], value)
         else:
             merged[key] = value
     return merged
+
+
+def _merge_list(name: str, base: list[Any], extra: dict[str, Any]) -> list[Any]:
+    items = list(base)
+    for index, value in extra.items():
+        if not str(index).isdecimal() or int(index) >= len(items):
+            raise ConfigError(f"override {name}.{index}: {name} is a list of {len(items)}; use "
+                              f"an index 0-{len(items) - 1}")
+        old = items[int(index)]
+        items[int(index)] = (_merge(old, value) if isinstance(old, dict) and isinstance(value, dict)
+                             else value)
+    return items
 
 
 def load_config(

@@ -35,6 +35,18 @@ def test_cluster_training_config_validates_and_addresses_override():
     assert parse_overrides(["runtime.address=auto"]) == {"runtime": {"address": "auto"}}
 
 
+def test_overrides_index_list_sections():
+    from agentrt.tournaments.run_config import TournamentRunConfig
+
+    league = Path(__file__).parents[1] / "examples" / "ttt_league.yaml"
+    cfg = load_config(league, ["policies.0.optim.lr=3e-4", "envs.0.kwargs.compact=false"],
+                      TournamentRunConfig)
+    assert cfg.policies[0].optim.lr == 3e-4 and cfg.envs[0].kwargs["compact"] is False
+    assert cfg.policies[0].model.preset == "llama-tiny"  # the rest of the entry stays
+    with pytest.raises(ConfigError, match=r"override policies\.3: policies is a list of 1"):
+        load_config(league, ["policies.3.optim.lr=3e-4"], TournamentRunConfig)
+
+
 def test_kuberay_manifest_parses_into_a_gpu_cluster_and_a_job():
     docs = list(yaml.safe_load_all((CLUSTER / "raycluster.yaml").read_text()))
     kinds = {d["kind"]: d for d in docs}
