@@ -152,6 +152,9 @@ class AlgorithmConfig(Section):
     norm_adv: bool = Field(True, description="GAE: whiten advantages over the batch.")
     eps: float = Field(1e-6, gt=0.0, description="Numerical floor in normalisations.")
     rae_alpha: float = Field(0.95, ge=0.0, lt=1.0, description="RAE: EMA decay of role baselines.")
+    rae_init: Literal["batch", "zero"] = Field(
+        "batch", description="RAE: a new role baseline starts at its first batch's mean or at 0 "
+                             "(SPIRAL).")
     kl: KLConfig = Field(default_factory=KLConfig)
     ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
     mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass.")

@@ -66,7 +66,8 @@ class BasePool:
             raise ValueError("a pool needs at least one policy")
         self.policies = {p.id: p for p in policies}
         self.cfg = policies[0]
-        self.rae = {p.id: RAEState(alpha=p.algorithm.rae_alpha) for p in policies}
+        self.rae = {p.id: RAEState(alpha=p.algorithm.rae_alpha, init=p.algorithm.rae_init)
+                    for p in policies}
         self.versions: dict[str, int] = {p.id: 0 for p in policies}
         self.tokenizer: Any = None
         self._lock = threading.RLock()  # one call at a time per pool (controller threads)
@@ -236,7 +237,8 @@ class BasePool:
         ref = self._put(state)
         self._call_each("load_state_dict", [(ref, i) for i in range(self.num_workers)])
         for name, eng_state in state["policies"].items():
-            self.rae[name] = RAEState(alpha=self.policies[name].algorithm.rae_alpha)
+            algo = self.policies[name].algorithm
+            self.rae[name] = RAEState(alpha=algo.rae_alpha, init=algo.rae_init)
             self.rae[name].load_state_dict(eng_state["rae_state"])
             self.versions[name] = int(eng_state["version"])
         for name, snap in state["snapshots"].items():
@@ -468,7 +470,8 @@ class PolicyPool(BasePool):
         if self._checkpoint is not None:
             self._load(ray.get(self._checkpoint))
         else:
-            self.rae = {k: RAEState(alpha=v.alpha) for k, v in self._initial["rae"].items()}
+            self.rae = {k: RAEState(alpha=v.alpha, init=v.init)
+                        for k, v in self._initial["rae"].items()}
             self.versions = dict(self._initial["versions"])
         for op, args in self._journal:
             getattr(self, f"_{op}")(*args)

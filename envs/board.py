@@ -49,6 +49,7 @@ class TicTacToe(MultiAgentEnv):
 
     metadata = {"render_modes": ["ansi"], "name": "tic_tac_toe"}
     possible_agents = ["player_0", "player_1"]
+    zero_sum = True
 
     def __init__(self, compact: bool = False, render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode)
@@ -119,6 +120,7 @@ class ConnectFour(MultiAgentEnv):
 
     metadata = {"render_modes": ["ansi"], "name": "connect_four"}
     possible_agents = ["player_0", "player_1"]
+    zero_sum = True
     rows, cols = 6, 7
 
     def _reset(self, options: dict[str, Any]) -> None:

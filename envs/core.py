@@ -144,6 +144,7 @@ class MultiAgentEnv:
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "name": "multi_agent_env"}
     possible_agents: list[str] = []
     group_by_seed = False
+    zero_sum = False  # every game's returns sum to 0 (league configs then default to RAE)
     max_action_chars = MAX_ACTION_CHARS
 
     def __init__(self, render_mode: str | None = None) -> None:

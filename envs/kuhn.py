@@ -25,6 +25,7 @@ class KuhnPoker(MultiAgentEnv):
 
     metadata = {"render_modes": ["ansi"], "name": "kuhn_poker"}
     possible_agents = ["player_0", "player_1"]
+    zero_sum = True
 
     def _reset(self, options: dict[str, Any]) -> None:
         deal = options.get("deal")

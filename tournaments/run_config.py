@@ -24,6 +24,18 @@ from agentrt.tournaments.config import ScheduleConfig
 BASELINE_KINDS = ("random", "minimax", "connect4", "kuhn", "bargain")
 
 
+def _zero_sum(entry: Any) -> bool:
+    """Whether an ``envs`` entry (raw config) names a registered zero-sum game."""
+    import agentrt.envs  # noqa: F401 - registers the built-in envs
+    from agentrt.envs.registration import ENVS
+
+    env_id = entry.get("id") if isinstance(entry, dict) else None
+    if env_id not in ENVS:
+        return False  # the entry's own validation reports it
+    point = ENVS.get(env_id).entry_point
+    return bool(getattr(point, "zero_sum", False))  # lazy "module:attr" entries: unknown, no
+
+
 class TemplateConfig(Section):
     first: str = Field("{observation}\nAction: ", description="Prompt text of the first turn.")
     turn: str = Field("\n{observation}\nAction: ", description="Prompt text of later turns.")
@@ -99,6 +111,20 @@ class TournamentRunConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     memory: MemoryBanksConfig = Field(
         default_factory=MemoryBanksConfig, description="Banks policies name in memory.bank.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rae_for_zero_sum(cls, data: Any) -> Any:
+        """Policies that name no algorithm get RAE advantages when every env is zero-sum."""
+        if not isinstance(data, dict) or not all(_zero_sum(e) for e in data.get("envs") or [None]):
+            return data
+        policies = []
+        for p in data.get("policies") or []:
+            algo = p.get("algorithm", {}) if isinstance(p, dict) else None
+            if isinstance(algo, dict) and not {"name", "advantage"} & set(algo):
+                p = {**p, "algorithm": {**algo, "advantage": "rae"}}
+            policies.append(p)
+        return {**data, "policies": policies}
 
     @model_validator(mode="after")
     def _memory(self) -> TournamentRunConfig:

@@ -15,6 +15,7 @@ policies marked trainable, and only live learners are.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import logging
 from typing import Any
@@ -116,6 +117,16 @@ def training_trajectories(trajs: list[Trajectory]) -> list[Trajectory]:
                                   env=tr.env, role=tr.role, policy_id=tr.policy_id,
                                   outcome=tr.outcome, info=tr.info))
     return out
+
+
+def rae_regroup(traj: Trajectory) -> Trajectory:
+    """RAE baselines last across steps, so their group is (env, seat, policy, opponent policy)
+    without snapshot versions: ``"TicTacToe-v0|player_0|lm|vs=lm"`` for every ``lm@k``; a new
+    snapshot continues its line's baseline instead of starting cold. (GRPO groups keep the
+    versions: they live within one step.)"""
+    env_part, agent, pid, _ = traj.group_id.rsplit("|", 3)
+    opponents = ",".join(o.split("@")[0] for o in traj.info.get("opponents", []))
+    return dataclasses.replace(traj, group_id=f"{env_part}|{agent}|{pid}|vs={opponents}")
 
 
 def match_seed(seed: int, match_id: str) -> int:
@@ -232,6 +243,8 @@ class LeagueTrainer:
 
     def _train(self, pid: str, trajs: list[Trajectory]) -> dict[str, float]:
         engine = self.engines[pid]
+        if engine.algo.advantage == "rae":
+            trajs = [rae_regroup(tr) for tr in trajs]
         data = training_trajectories(trajs)
         if not data:
             return {}

@@ -8,7 +8,10 @@ moving average baseline per (env, role, policy) and subtracts it from the episod
     b[g] <- alpha * b[g] + (1 - alpha) * mean_{i in batch, g_i = g} R_i     (alpha = 0.95)
 
 Subtracting the baseline *before* folding in the batch keeps a sample out of its own baseline
-(unbiased policy gradient). Baselines start at 0, as in SPIRAL. The advantage is broadcast to
+(unbiased policy gradient). A group's baseline starts at its first batch's mean (``init="batch"``,
+the default: the first batch then trains like a GRPO group); SPIRAL starts at 0 (``init="zero"``),
+which in a league whose learner first loses most games keeps every advantage negative for tens
+of steps, and each new opponent group starts cold again. The advantage is broadcast to
 every generated token of the sequence, like GRPO.
 
 State: the EMA lives in a :class:`RAEState` keyed by the trajectory's ``group_id``, which the
@@ -46,12 +49,15 @@ class RAEState:
 
     Args:
         alpha: EMA decay (weight of the old baseline per update).
+        init: A new group's baseline: "batch" (its first batch's mean) or "zero" (SPIRAL).
     """
 
-    def __init__(self, alpha: float = DEFAULT_ALPHA) -> None:
+    def __init__(self, alpha: float = DEFAULT_ALPHA, init: str = "batch") -> None:
         if not 0.0 <= alpha < 1.0:
             raise ValueError(f"RAE alpha must be in [0, 1), got {alpha}")
-        self.alpha = alpha
+        if init not in ("batch", "zero"):
+            raise ValueError(f"RAE init must be 'batch' or 'zero', got {init!r}")
+        self.alpha, self.init = alpha, init
         self._b: dict[str, float] = {}
         self._n: dict[str, int] = {}  # updates per group, for inspection
         self._lock = threading.Lock()
@@ -70,22 +76,28 @@ class RAEState:
         """
         a = self.alpha if alpha is None else alpha
         with self._lock:
+            means = {g: float(scores[torch.tensor(rows)].mean())
+                     for g, rows in _group_index(group_ids).items()}
+            if self.init == "batch":
+                for g, mean in means.items():
+                    self._b.setdefault(g, mean)
             base = torch.tensor([self._b.get(g, 0.0) for g in group_ids], dtype=scores.dtype)
-            for g, rows in _group_index(group_ids).items():
-                batch_mean = float(scores[torch.tensor(rows)].mean())
+            for g, batch_mean in means.items():
                 self._b[g] = a * self._b.get(g, 0.0) + (1.0 - a) * batch_mean
                 self._n[g] = self._n.get(g, 0) + 1
         return base
 
     def state_dict(self, policy_id: str | None = None) -> dict[str, Any]:
-        """Baselines (all, or of one policy: groups ending in ``"|policy_id"``)."""
-        keep = [g for g in self._b if policy_id is None or g.endswith(f"|{policy_id}")]
-        return {"alpha": self.alpha, "baselines": {g: [self._b[g], self._n[g]] for g in keep}}
+        """Baselines (all, or of one policy: groups ``"env|role|policy_id[|...]"``)."""
+        keep = [g for g in self._b if policy_id is None or g.split("|")[2:3] == [policy_id]]
+        return {"alpha": self.alpha, "init": self.init,
+                "baselines": {g: [self._b[g], self._n[g]] for g in keep}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores baselines (merging: groups not in ``state`` are left as they are)."""
         with self._lock:
             self.alpha = float(state["alpha"])
+            self.init = state.get("init", "zero")  # checkpoints from before ``init`` existed
             for g, (b, n) in state["baselines"].items():
                 self._b[g], self._n[g] = float(b), int(n)
 

@@ -25,7 +25,7 @@ def _inputs(scores: list[float], groups: list[str], width: int = 6) -> Advantage
 def test_first_batch_uses_zero_baseline_then_the_ema() -> None:
     cfg = AlgorithmConfig(advantage="rae")
     g0, g1 = rae_group_id("ttt", "player_0", "lm"), rae_group_id("ttt", "player_1", "lm")
-    with use_rae_state(RAEState(alpha=0.5)) as state:
+    with use_rae_state(RAEState(alpha=0.5, init="zero")) as state:
         adv, ret = ADVANTAGES.get("rae")(_inputs([1.0, 0.0, -1.0], [g0, g0, g1]), cfg)
         assert torch.allclose(adv[:, 3], torch.tensor([1.0, 0.0, -1.0]))  # b = 0 at first
         assert torch.equal(adv[:, :2], torch.zeros(3, 2)) and torch.equal(adv, ret)
@@ -34,6 +34,23 @@ def test_first_batch_uses_zero_baseline_then_the_ema() -> None:
         adv, _ = ADVANTAGES.get("rae")(_inputs([1.0, -1.0], [g0, g1]), cfg)
         assert torch.allclose(adv[:, 2], torch.tensor([0.75, -0.5]))
     assert RAE_BASELINES.baseline(g0) == 0.0  # the scoped state did not touch the global one
+
+
+def test_batch_init_starts_each_new_group_at_its_first_batch_mean() -> None:
+    cfg = AlgorithmConfig(advantage="rae")
+    g0, g1 = rae_group_id("ttt", "player_0", "lm"), rae_group_id("ttt", "player_1", "lm")
+    with use_rae_state(RAEState(alpha=0.5)) as state:  # init="batch", the default
+        adv, _ = ADVANTAGES.get("rae")(_inputs([-1.0, -1.0, 0.0], [g0, g0, g0]), cfg)
+        # A learner that loses most first games is not pushed away from every move it made.
+        assert torch.allclose(adv[:, 3], torch.tensor([-1 / 3, -1 / 3, 2 / 3]))
+        assert state.baseline(g0) == pytest.approx(-2 / 3)
+        adv, _ = ADVANTAGES.get("rae")(_inputs([1.0, 1.0], [g0, g1]), cfg)
+        assert torch.allclose(adv[:, 3], torch.tensor([1 + 2 / 3, 0.0]))  # g1 is new: its mean
+        assert state.baseline(g0) == pytest.approx(0.5 * -2 / 3 + 0.5 * 1.0)
+        assert state.state_dict()["init"] == "batch"
+    with pytest.raises(ValueError, match="init must be"):
+        RAEState(init="mean")
+    assert AlgorithmConfig(advantage="rae").rae_init == "batch"
 
 
 def test_role_baselines_remove_the_first_mover_bias() -> None:
@@ -77,15 +94,15 @@ def test_bad_group_ids_are_rejected() -> None:
 
 
 def test_state_round_trips_per_policy_for_checkpoints() -> None:
-    state = RAEState(alpha=0.9)
-    ids = [rae_group_id("ttt", "player_0", "lm"), rae_group_id("ttt", "player_1", "lm"),
+    state = RAEState(alpha=0.9, init="zero")
+    ids = [rae_group_id("ttt", "player_0", "lm"), rae_group_id("ttt", "player_1", "lm") + "|vs=b",
            rae_group_id("ttt", "player_0", "other")]
     state.step(ids, torch.tensor([1.0, -1.0, 0.5]))
     saved = json.loads(json.dumps(state.state_dict(policy_id="lm")))
-    assert set(saved["baselines"]) == set(ids[:2])
+    assert set(saved["baselines"]) == set(ids[:2])  # league groups add the opponent
     restored = RAEState()
     restored.load_state_dict(saved)
-    assert restored.alpha == 0.9
+    assert restored.alpha == 0.9 and restored.init == "zero"
     assert [restored.baseline(g) for g in ids] == [pytest.approx(0.1), pytest.approx(-0.1), 0.0]
     with pytest.raises(ValueError, match="alpha"):
         RAEState(alpha=1.0)
@@ -103,10 +120,39 @@ def test_rae_on_collated_multi_turn_trajectories() -> None:
 
     batch = collate([traj("player_0", 1.0), traj("player_1", -1.0)])
     inputs = AdvantageInputs(batch.token_rewards, batch.loss_mask, batch.group_ids)
-    with use_rae_state(RAEState(alpha=0.5)) as state:
+    with use_rae_state(RAEState(alpha=0.5, init="zero")) as state:
         ADVANTAGES.get("rae")(inputs, AlgorithmConfig(advantage="rae"))
         adv, _ = ADVANTAGES.get("rae")(inputs, AlgorithmConfig(advantage="rae"))
     # baselines after one batch: +0.5 and -0.5; advantages only on the 3 generated tokens
     assert state.baseline("ttt|player_0|lm") == pytest.approx(0.75)
     assert torch.allclose(adv[0], torch.tensor([0, 0, 0.5, 0.5, 0, 0.5]))
     assert torch.allclose(adv[1], torch.tensor([0, 0, -0.5, -0.5, 0, -0.5]))
+
+
+def test_league_configs_default_to_rae_for_zero_sum_games() -> None:
+    from agentrt.config import validate_config
+    from agentrt.tournaments.run_config import TournamentRunConfig
+
+    def advantages(envs: list[str], *algos: dict) -> list[str]:
+        cfg = validate_config({"envs": [{"id": e} for e in envs], "baselines": [{"id": "random"}],
+                               "policies": [{"id": f"p{i}", "algorithm": a}
+                                            for i, a in enumerate(algos)]}, TournamentRunConfig)
+        return [p.algorithm.advantage for p in cfg.policies]
+
+    named = ({}, {"mini_batches": 2}, {"name": "grpo"}, {"advantage": "rloo"})
+    assert advantages(["TicTacToe-v0", "KuhnPoker-v0"], *named) == ["rae", "rae", "grpo", "rloo"]
+    assert advantages(["Bargain-v0"], {}) == ["grpo"]  # general-sum: the preset's estimator
+    assert advantages(["TicTacToe-v0", "Bargain-v0"], {}) == ["grpo"]
+
+
+def test_league_rae_groups_drop_snapshot_versions() -> None:
+    from agentrt.tournaments.trainer import rae_regroup
+    from agentrt.types import Trajectory, Turn
+
+    def traj(opponent: str) -> Trajectory:
+        return Trajectory([Turn([1], [2], [0.0])], group_id=f'TicTacToe-v0{{"compact": true}}'
+                          f"|player_1|lm|vs={opponent}", info={"opponents": [opponent]})
+
+    groups = {rae_regroup(traj(o)).group_id for o in ("lm@0", "lm@25", "lm@50")}
+    assert groups == {'TicTacToe-v0{"compact": true}|player_1|lm|vs=lm'}
+    assert rae_regroup(traj("random")).group_id.endswith("|player_1|lm|vs=random")
