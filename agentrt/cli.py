@@ -118,17 +118,20 @@ def tournament_report(run_dir: Path = typer.Argument(..., help="A tournament run
 
 
 def main() -> None:
+    import click
+
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # typer returns 130 after Ctrl-C in this mode
+        if code == 130:
+            raise KeyboardInterrupt
     except AgentrtError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        typer.echo("interrupted; the run folder holds a resumable checkpoint", err=True)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        typer.echo("interrupted; run the same command again to resume from the last checkpoint",
+                   err=True)
         sys.exit(130)
     except Exception as exc:  # click usage errors come here too under standalone_mode=False
-        import click
-
         if isinstance(exc, click.ClickException):
             exc.show()
             sys.exit(exc.exit_code)

@@ -89,8 +89,8 @@ def test_ray_run_matches_in_process_and_ctrl_c_leaves_a_resumable_checkpoint(
     finally:
         if proc.poll() is None:
             proc.kill()
-    # (The exit status is the CLI's: typer with standalone_mode=False returns 0 after Ctrl-C.)
     assert "interrupted at step" in err and "Traceback" not in err, err
+    assert proc.returncode == 130 and "run the same command again to resume" in err
     pids = [int(p) for p in re.findall(r"\d+", re.search(r"workers up \(pids \[([\d, ]+)\]",
                                                            err).group(1))]
     assert wait_for(lambda: not any(alive(p) for p in pids), 30), "a Ray worker survived"

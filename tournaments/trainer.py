@@ -208,6 +208,9 @@ class LeagueTrainer:
                     self.save()
                 if stop_after is not None:
                     stop_after -= 1
+        except KeyboardInterrupt:
+            log.warning("interrupted at step %d; the last checkpoint is resumable", self.step)
+            raise
         finally:
             bar.close()
         self.finish()
