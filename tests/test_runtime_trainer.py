@@ -78,8 +78,11 @@ def test_ray_run_matches_in_process_and_ctrl_c_leaves_a_resumable_checkpoint(
         train={"steps": 50, "prompts_per_step": 4, "group_size": 4})))
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths are limited
     env = {**os.environ, "RAY_TMPDIR": ray_tmp}
+    # A shell's background job (e.g. `make test &`) inherits SIGINT ignored, and Python keeps an
+    # ignored SIGINT; restore the default so the child sees Ctrl-C as a foreground run does.
     proc = subprocess.Popen([sys.executable, "-m", "agentrt.cli", "train", str(cfg_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert wait_for(lambda: (ray_dir / "checkpoints" / "step_1").is_dir()
                         or proc.poll() is not None, 240), "no step-1 checkpoint"
