@@ -205,7 +205,7 @@ class HybridEngine:
         self.shuffle_gen = torch.Generator().manual_seed(seed)
         self.skipped_steps = 0
         # Per-(env, role, policy) baselines of the stateful "rae" estimator; others ignore it.
-        self.rae_state = RAEState(alpha=self.algo.rae_alpha, init=self.algo.rae_init)
+        self.rae_state = RAEState.for_algorithm(self.algo)
         # peft name of this policy's adapter (agentrt.worker adds more policies on one base) and
         # the data-parallel hooks a pool worker sets; None trains on the whole batch here.
         self.adapter_name = "default"

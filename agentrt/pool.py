@@ -66,8 +66,7 @@ class BasePool:
             raise ValueError("a pool needs at least one policy")
         self.policies = {p.id: p for p in policies}
         self.cfg = policies[0]
-        self.rae = {p.id: RAEState(alpha=p.algorithm.rae_alpha, init=p.algorithm.rae_init)
-                    for p in policies}
+        self.rae = {p.id: RAEState.for_algorithm(p.algorithm) for p in policies}
         self.versions: dict[str, int] = {p.id: 0 for p in policies}
         self.tokenizer: Any = None
         self._lock = threading.RLock()  # one call at a time per pool (controller threads)
@@ -237,8 +236,7 @@ class BasePool:
         ref = self._put(state)
         self._call_each("load_state_dict", [(ref, i) for i in range(self.num_workers)])
         for name, eng_state in state["policies"].items():
-            algo = self.policies[name].algorithm
-            self.rae[name] = RAEState(alpha=algo.rae_alpha, init=algo.rae_init)
+            self.rae[name] = RAEState.for_algorithm(self.policies[name].algorithm)
             self.rae[name].load_state_dict(eng_state["rae_state"])
             self.versions[name] = int(eng_state["version"])
         for name, snap in state["snapshots"].items():

@@ -119,7 +119,7 @@ def share_base(base: HybridEngine, cfg: PolicyConfig, seed: int, total_steps: in
     eng.kl_ctl = KL_CONTROLLERS.get(eng.algo.kl.controller)(eng.algo.kl)
     eng.shuffle_gen = torch.Generator().manual_seed(seed)
     eng.skipped_steps = 0
-    eng.rae_state = RAEState(alpha=eng.algo.rae_alpha, init=eng.algo.rae_init)
+    eng.rae_state = RAEState.for_algorithm(eng.algo)
     return eng
 
 

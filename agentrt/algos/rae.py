@@ -62,6 +62,11 @@ class RAEState:
         self._n: dict[str, int] = {}  # updates per group, for inspection
         self._lock = threading.Lock()
 
+    @classmethod
+    def for_algorithm(cls, algo: Any) -> RAEState:
+        """The state an ``AlgorithmConfig`` asks for (``rae_alpha``, ``rae_init``)."""
+        return cls(alpha=algo.rae_alpha, init=algo.rae_init)
+
     def baseline(self, group_id: str) -> float:
         return self._b.get(group_id, 0.0)
 
