@@ -168,6 +168,20 @@ def test_k3_is_unbiased_for_the_true_kl():
     assert float(est) == pytest.approx(float(true), rel=0.03)
 
 
+def test_k3_is_clamped_like_verls_low_var_kl():
+    """verl kl_penalty("low_var_kl"): clamp(exp(ref - logp) - (ref - logp) - 1, -10, 10)."""
+    k3 = KL_ESTIMATORS.get("k3")
+    logp = torch.zeros(6)
+    ref = torch.tensor([15.0, 40.0, 1e4, -15.0, -40.0, -1e4])  # runaway log-ratios both ways
+    out = k3(logp, ref)
+    assert torch.isfinite(out).all() and (out >= -10).all() and (out <= 10).all()
+    assert float(out[0]) == 10.0  # unclamped: exp(15) - 16 = 3.3e6
+    assert float(out[3]) == pytest.approx(10.0)  # unclamped: exp(-15) + 14 = 14.0
+    moderate = torch.linspace(-10.5, 2.5, 27)  # log r where k3 < 10: the exact formula
+    unclamped = torch.exp(moderate) - moderate - 1
+    torch.testing.assert_close(k3(torch.zeros(27), moderate), unclamped)
+
+
 def test_kl_controllers():
     fixed = KL_CONTROLLERS.get("fixed")(KLConfig(coef=0.1))
     fixed.update(5.0, 10)

@@ -1,7 +1,15 @@
 """KL divergence to the reference policy: per-token estimators and coefficient controllers.
 
-Estimators follow http://joschu.net/blog/kl-approx.html with r = ref_logp - logp (samples drawn
-from the current policy): k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r (unbiased, >= 0).
+Estimators follow http://joschu.net/blog/kl-approx.html with log r = ref_logp - logp (samples
+drawn from the current policy): k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r (unbiased,
+>= 0).
+
+k3 is verl's "low_var_kl" and is clamped the way verl does it (``core_algos.kl_penalty``): the
+log-ratio to [-20, 20] so exp cannot overflow, and the estimate itself to [-10, 10] (k3 >= 0, so
+in effect to at most 10). Unclamped, a token the reference finds e^15 times likelier than the
+policy does costs exp(15) - 16 = 3.3e6 and swamps every other term of the loss; clamped, it adds
+10 and passes no gradient. For log r in [-11, 2.6] the value is the exact k3, so the estimate is
+biased (downwards) only on tokens outside that range.
 """
 
 from __future__ import annotations
@@ -30,9 +38,14 @@ def k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 @KL_ESTIMATORS.register("k3")
 def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    # Clamp the log-ratio so one runaway token cannot overflow exp (same guard as verl).
+    """verl's "low_var_kl": (r - 1) - log r with log r = ref_logp - logp, clamped to [-10, 10].
+
+    Shapes: ``logp``, ``ref_logp`` [B, T] (any equal shapes); returns the same shape.
+    """
+    # Clamp the log-ratio so exp cannot overflow, then the estimate so one runaway token cannot
+    # dominate the loss (both as verl's kl_penalty "low_var_kl").
     log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)
-    return torch.exp(log_ratio) - log_ratio - 1.0
+    return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
 
 
 class KLController:
