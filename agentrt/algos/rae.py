@@ -2,17 +2,38 @@
 
 In zero-sum self-play the two roles of one game have different expected returns (first-mover
 advantage), so one baseline for both biases each role's advantage. RAE keeps one exponential
-moving average baseline per (env, role, policy) and subtracts it from the episode return:
+moving average baseline per (env, role, policy) and subtracts it from the episode return. Each
+trajectory i of a batch, in batch order, is measured and then folded in:
 
-    A_i = R_i - b[g_i]                                  (baseline as it was before this batch)
-    b[g] <- alpha * b[g] + (1 - alpha) * mean_{i in batch, g_i = g} R_i     (alpha = 0.95)
+    A_i = R_i - b[g_i]                                  (baseline before trajectory i is folded)
+    b[g_i] <- alpha * b[g_i] + (1 - alpha) * R_i        (alpha = 0.95)
 
-Subtracting the baseline *before* folding in the batch keeps a sample out of its own baseline
-(unbiased policy gradient). A group's baseline starts at its first batch's mean (``init="batch"``,
-the default: the first batch then trains like a GRPO group); SPIRAL starts at 0 (``init="zero"``),
-which in a league whose learner first loses most games keeps every advantage negative for tens
-of steps, and each new opponent group starts cold again. The advantage is broadcast to
-every generated token of the sequence, like GRPO.
+This is SPIRAL's loop (spiral-rl/spiral, ``train_spiral.py``, ``prepare_trajectories``: per game
+and player, ``baseline = ema.get()`` "before updating to be unbiased", then ``ema.update(reward)``,
+then ``reward -= baseline``), so two choices follow SPIRAL:
+
+* A trajectory's advantage uses the baseline *before its own* update: a sample is not in its
+  own baseline, which keeps the policy gradient unbiased.
+* The advantages of a batch are *not* all measured against the baseline from before the batch:
+  trajectory i sees the trajectories before it in the same batch. SPIRAL folds each game as it is
+  played; folding a batch mean once per step instead (what agentrt did before) makes alpha a decay
+  per *step*, so with 64 games of a group per step the baseline needed ~60 steps (0.95^59 < 0.05)
+  to follow a change of win rate that per-trajectory folding follows within one step
+  (0.95^64 = 0.04). The earlier trajectories are other games, independent of trajectory i, so
+  the baseline stays unbiased.
+
+A "trajectory" is one row of the batch. A league trainer that splits a game into one row per
+turn (``history: false``) folds each turn's row, where SPIRAL folds once per game and player: a
+game of k turns then moves the baseline k times, and its later turns see its earlier turns'
+return in their baseline.
+
+A group's baseline starts at its first batch's mean (``init="batch"``, the default: the first
+batch then trains about like a GRPO group, its samples inside their own baseline, then each is
+folded in as above); SPIRAL starts at 0 (``init="zero"``: its ``EMA`` starts at 0.0). With the
+per-batch folding agentrt had before, a zero start kept every advantage negative for tens of steps
+in a league whose learner first loses most games (and each new opponent group started cold
+again); folding per trajectory, it costs the first few tens of games of a group. The advantage is
+broadcast to every generated token of the sequence, like GRPO.
 
 State: the EMA lives in a :class:`RAEState` keyed by the trajectory's ``group_id``, which the
 caller builds with :func:`rae_group_id` as ``"env|role|policy"``, so different envs, roles and
@@ -59,7 +80,9 @@ class RAEState:
             raise ValueError(f"RAE init must be 'batch' or 'zero', got {init!r}")
         self.alpha, self.init = alpha, init
         self._b: dict[str, float] = {}
-        self._n: dict[str, int] = {}  # updates per group, for inspection
+        # Trajectories folded per group, for inspection (states saved before per-trajectory
+        # folding counted batches; their baselines load and continue unchanged).
+        self._n: dict[str, int] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -72,7 +95,8 @@ class RAEState:
 
     def step(self, group_ids: list[str], scores: torch.Tensor, alpha: float | None = None
              ) -> torch.Tensor:
-        """Returns the [B] baselines before the update, then folds this batch into the EMAs.
+        """Folds the batch into the EMAs one trajectory at a time, in batch order; returns the
+        [B] baselines each trajectory was measured against (its group's, before its own fold).
 
         Args:
             group_ids: B group ids.
@@ -80,17 +104,20 @@ class RAEState:
             alpha: Overrides ``self.alpha`` for this update.
         """
         a = self.alpha if alpha is None else alpha
+        returns = scores.detach().double().tolist()
         with self._lock:
-            means = {g: float(scores[torch.tensor(rows)].mean())
-                     for g, rows in _group_index(group_ids).items()}
-            if self.init == "batch":
-                for g, mean in means.items():
-                    self._b.setdefault(g, mean)
-            base = torch.tensor([self._b.get(g, 0.0) for g in group_ids], dtype=scores.dtype)
-            for g, batch_mean in means.items():
-                self._b[g] = a * self._b.get(g, 0.0) + (1.0 - a) * batch_mean
+            if self.init == "batch":  # a new group starts at its first batch's mean
+                for g, rows in _group_index(group_ids).items():
+                    if g not in self._b:
+                        self._b[g] = sum(returns[i] for i in rows) / len(rows)
+                        self._n[g] = 0
+            base = []
+            for g, r in zip(group_ids, returns):
+                b = self._b.get(g, 0.0)
+                base.append(b)
+                self._b[g] = a * b + (1.0 - a) * r
                 self._n[g] = self._n.get(g, 0) + 1
-        return base
+        return torch.tensor(base, dtype=scores.dtype)
 
     def state_dict(self, policy_id: str | None = None) -> dict[str, Any]:
         """Baselines (all, or of one policy: groups ``"env|role|policy_id[|...]"``)."""
@@ -133,7 +160,8 @@ def current_rae_state() -> RAEState:
 @ADVANTAGES.register("rae")
 def rae(inp: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Role-conditioned advantage (SPIRAL, arXiv:2506.24119): A_i = R_i - EMA baseline of
-    (env, role, policy). Updates the EMA, so call it once per training batch.
+    (env, role, policy), each trajectory folded into the EMA after its advantage, in batch order.
+    Updates the EMA, so call it once per training batch.
 
     Shapes: returns ``(advantages [B, T], returns [B, T])`` zero off ``loss_mask``. The EMA
     decay is the state's (engines build it from ``algorithm.rae_alpha``, default 0.95).

@@ -22,14 +22,65 @@ def _inputs(scores: list[float], groups: list[str], width: int = 6) -> Advantage
     return AdvantageInputs(token_rewards=rewards, loss_mask=mask, group_ids=groups)
 
 
-def test_first_batch_uses_zero_baseline_then_the_ema() -> None:
+def _spiral_reference(batches: list[tuple[list[str], list[float]]], alpha: float, init: str
+                      ) -> tuple[list[list[float]], dict[str, float]]:
+    """RAE as SPIRAL's ``prepare_trajectories`` does it, one game at a time: take the baseline
+    before updating (a game is never in its own baseline), fold the game's return into the EMA,
+    subtract. ``init="batch"``: a group without a baseline starts at its first batch's mean."""
+    ema: dict[str, float] = {}
+    advantages = []
+    for groups, returns in batches:
+        if init == "batch":
+            for g in dict.fromkeys(groups):
+                if g not in ema:
+                    mine = [r for gg, r in zip(groups, returns) if gg == g]
+                    ema[g] = sum(mine) / len(mine)
+        out = []
+        for g, r in zip(groups, returns):
+            baseline = ema.get(g, 0.0)  # SPIRAL's EMA starts at 0.0
+            ema[g] = alpha * baseline + (1 - alpha) * r
+            out.append(r - baseline)
+        advantages.append(out)
+    return advantages, ema
+
+
+@pytest.mark.parametrize("init", ["batch", "zero"])
+def test_estimator_folds_each_trajectory_like_spirals_per_game_loop(init: str) -> None:
+    rng = np.random.default_rng(0)
+    cfg = AlgorithmConfig(advantage="rae")
+    roles = [rae_group_id("ttt", r, "lm") for r in ("player_0", "player_1")]
+    late = rae_group_id("kuhn", "player_0", "lm")  # appears from the third batch on
+    batches = []
+    for step in range(6):
+        groups = [str(g) for g in rng.choice(roles + [late] * (step >= 2), size=24)]
+        batches.append((groups, [float(x) for x in rng.choice([-1.0, 0.0, 1.0], size=24)]))
+    want_adv, want_base = _spiral_reference(batches, alpha=0.8, init=init)
+    with use_rae_state(RAEState(alpha=0.8, init=init)) as state:
+        for (groups, returns), want in zip(batches, want_adv):
+            adv, _ = ADVANTAGES.get("rae")(_inputs(returns, groups), cfg)
+            torch.testing.assert_close(adv[:, 3], torch.tensor(want, dtype=torch.float32))
+        assert {g: state.baseline(g) for g in want_base} == pytest.approx(want_base)
+
+
+def test_baseline_follows_a_change_of_win_rate_within_one_step() -> None:
+    """64 games of one group per step: the baseline is 96% of the way to a new mean after one
+    step (1 - 0.95^64), where folding one batch mean per step took ~60 steps."""
+    g = rae_group_id("ttt", "player_0", "lm")
+    state = RAEState(alpha=0.95)
+    state.step([g] * 64, -torch.ones(64))  # a learner that loses every game ...
+    state.step([g] * 64, torch.ones(64))  # ... then wins every game
+    assert state.baseline(g) == pytest.approx(1 - 2 * 0.95**64)  # 0.925; per batch: -0.9
+
+
+def test_zero_init_measures_each_trajectory_before_folding_it() -> None:
     cfg = AlgorithmConfig(advantage="rae")
     g0, g1 = rae_group_id("ttt", "player_0", "lm"), rae_group_id("ttt", "player_1", "lm")
     with use_rae_state(RAEState(alpha=0.5, init="zero")) as state:
         adv, ret = ADVANTAGES.get("rae")(_inputs([1.0, 0.0, -1.0], [g0, g0, g1]), cfg)
-        assert torch.allclose(adv[:, 3], torch.tensor([1.0, 0.0, -1.0]))  # b = 0 at first
+        # g0: b = 0, A = 1, b <- 0.5; then A = 0 - 0.5, b <- 0.25. g1: b = 0, A = -1, b <- -0.5
+        assert torch.allclose(adv[:, 3], torch.tensor([1.0, -0.5, -1.0]))
         assert torch.equal(adv[:, :2], torch.zeros(3, 2)) and torch.equal(adv, ret)
-        assert state.baseline(g0) == pytest.approx(0.25)  # 0.5 * 0 + 0.5 * mean(1, 0)
+        assert state.baseline(g0) == pytest.approx(0.25)
         assert state.baseline(g1) == pytest.approx(-0.5)
         adv, _ = ADVANTAGES.get("rae")(_inputs([1.0, -1.0], [g0, g1]), cfg)
         assert torch.allclose(adv[:, 2], torch.tensor([0.75, -0.5]))
@@ -41,12 +92,14 @@ def test_batch_init_starts_each_new_group_at_its_first_batch_mean() -> None:
     g0, g1 = rae_group_id("ttt", "player_0", "lm"), rae_group_id("ttt", "player_1", "lm")
     with use_rae_state(RAEState(alpha=0.5)) as state:  # init="batch", the default
         adv, _ = ADVANTAGES.get("rae")(_inputs([-1.0, -1.0, 0.0], [g0, g0, g0]), cfg)
-        # A learner that loses most first games is not pushed away from every move it made.
-        assert torch.allclose(adv[:, 3], torch.tensor([-1 / 3, -1 / 3, 2 / 3]))
-        assert state.baseline(g0) == pytest.approx(-2 / 3)
+        # A learner that loses most first games is not pushed away from every move it made:
+        # b starts at the mean -2/3, then each game is measured and folded in turn
+        # (b: -2/3 -> -5/6 -> -11/12 -> -11/24).
+        assert torch.allclose(adv[:, 3], torch.tensor([-1 / 3, -1 / 6, 11 / 12]))
+        assert state.baseline(g0) == pytest.approx(-11 / 24)
         adv, _ = ADVANTAGES.get("rae")(_inputs([1.0, 1.0], [g0, g1]), cfg)
-        assert torch.allclose(adv[:, 3], torch.tensor([1 + 2 / 3, 0.0]))  # g1 is new: its mean
-        assert state.baseline(g0) == pytest.approx(0.5 * -2 / 3 + 0.5 * 1.0)
+        assert torch.allclose(adv[:, 3], torch.tensor([1 + 11 / 24, 0.0]))  # g1 is new: its mean
+        assert state.baseline(g0) == pytest.approx(0.5 * -11 / 24 + 0.5 * 1.0)
         assert state.state_dict()["init"] == "batch"
     with pytest.raises(ValueError, match="init must be"):
         RAEState(init="mean")
@@ -63,13 +116,13 @@ def test_role_baselines_remove_the_first_mover_bias() -> None:
     per_role, pooled = {g0: [], g1: []}, {g0: [], g1: []}
     with use_rae_state(RAEState()):
         for step in range(300):
-            win0 = rng.random(32) < 0.7
-            s = np.concatenate([np.where(win0, 1.0, -1.0), np.where(win0, -1.0, 1.0)])
-            roles = [g0] * 32 + [g1] * 32
+            win0 = rng.random(32) < 0.7  # each game gives one row per seat, seat 0 first
+            s = np.stack([np.where(win0, 1.0, -1.0), np.where(win0, -1.0, 1.0)], 1).reshape(-1)
+            roles = [g0, g1] * 32
             adv_role, _ = ADVANTAGES.get("rae")(_inputs(list(s), roles), cfg)
             adv_pool, _ = ADVANTAGES.get("rae")(_inputs(list(s), [shared] * 64), cfg)
-            if step >= 100:  # after the EMA warmed up (0.95^100 < 0.01)
-                for g, rows in ((g0, slice(0, 32)), (g1, slice(32, 64))):
+            if step >= 100:  # long after the EMA warmed up
+                for g, rows in ((g0, slice(0, 64, 2)), (g1, slice(1, 64, 2))):
                     per_role[g].append(float(adv_role[rows, 3].mean()))
                     pooled[g].append(float(adv_pool[rows, 3].mean()))
     assert abs(np.mean(per_role[g0])) < 0.05 and abs(np.mean(per_role[g1])) < 0.05
@@ -80,7 +133,7 @@ def test_groups_of_other_policies_and_envs_never_mix() -> None:
     cfg = AlgorithmConfig(advantage="rae")
     ids = [rae_group_id("ttt", "player_0", "lm"), rae_group_id("ttt", "player_0", "other"),
            rae_group_id("kuhn", "player_0", "lm")]
-    with use_rae_state(RAEState(alpha=0.0)) as state:  # alpha 0: baseline = last batch mean
+    with use_rae_state(RAEState(alpha=0.0)) as state:  # alpha 0: baseline = last return
         ADVANTAGES.get("rae")(_inputs([1.0, -1.0, 0.5], ids), cfg)
         assert [state.baseline(g) for g in ids] == [1.0, -1.0, 0.5]
 
@@ -106,6 +159,16 @@ def test_state_round_trips_per_policy_for_checkpoints() -> None:
     assert [restored.baseline(g) for g in ids] == [pytest.approx(0.1), pytest.approx(-0.1), 0.0]
     with pytest.raises(ValueError, match="alpha"):
         RAEState(alpha=1.0)
+
+
+def test_checkpoints_saved_with_per_batch_folding_still_load() -> None:
+    g = rae_group_id("ttt", "player_0", "lm")
+    old = {"alpha": 0.5, "baselines": {g: [0.25, 7]}}  # before ``init``; n counted batches
+    state = RAEState()
+    state.load_state_dict(json.loads(json.dumps(old)))
+    base = state.step([g, g], torch.tensor([1.0, -1.0]))
+    assert base.tolist() == [0.25, pytest.approx(0.625)]  # continues from the saved baseline
+    assert state.state_dict()["baselines"][g] == [pytest.approx(-0.1875), 9]
 
 
 def test_rae_on_collated_multi_turn_trajectories() -> None:
