@@ -83,7 +83,10 @@ class HFRollout:
             eos_token_id=self.eos_id, output_logits=True, return_dict_in_generate=True,
         )
         if not greedy:
-            gen_kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
+            # top_k as configured: 0 means off. None would not: transformers fills None from the
+            # model's generation_config or its own default top_k=50. With top_k 0 and top_p 1.0
+            # generate adds no top-k/top-p warper (transformers 5.x: `top_k != 0`, `top_p < 1`).
+            gen_kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
         from transformers import GenerationConfig
 
         autocast = (torch.autocast("cpu", dtype=self.autocast_dtype) if self.autocast_dtype
