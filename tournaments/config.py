@@ -6,7 +6,7 @@ controller calls :func:`build_scheduler` with the entrants and envs named elsewh
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -57,8 +57,8 @@ class ScheduleConfig(_Section):
         None, gt=0, description="round_robin/swiss: rounds (null: endless / ceil(log2 N))."
     )
     games_per_pairing: int = Field(
-        2, gt=0, description="round_robin/swiss: games per pairing per round (2: both seatings)."
-    )
+        2, gt=0, description="round_robin/swiss: games per group per round (2: both seatings of "
+                             "a pair; N: each seat once for N-seat games).")
     lag: int = Field(1, gt=0, description="lagged: play the snapshot this many versions old.")
     pfsp_weighting: Literal["hard", "variance", "linear", "linear_capped"] = Field(
         "hard", description="pfsp: f(x) of the win rate x; hard (1-x)^p, variance x(1-x)."
@@ -71,7 +71,8 @@ class ScheduleConfig(_Section):
     league: LeagueConfig = Field(default_factory=LeagueConfig)
 
 
-Builder = Callable[[ScheduleConfig, Sequence[Entrant], Sequence[str], int], Scheduler]
+Seats = Mapping[str, Sequence[str]] | None  # env id -> agent names in seat order
+Builder = Callable[[ScheduleConfig, Sequence[Entrant], Sequence[str], int, Seats], Scheduler]
 SCHEDULERS: Registry[Builder] = Registry("match format")
 
 
@@ -81,41 +82,46 @@ def _rule(cfg: ScheduleConfig) -> SnapshotRule:
                         max_pool=s.max_pool)
 
 
-SCHEDULERS.add("round_robin", lambda c, e, v, s: RoundRobin(
-    e, v, s, rounds=c.rounds, games_per_pairing=c.games_per_pairing))
-SCHEDULERS.add("swiss", lambda c, e, v, s: Swiss(
-    e, v, s, rounds=c.rounds, games_per_pairing=c.games_per_pairing))
-SCHEDULERS.add("mirror", lambda c, e, v, s: Mirror(
-    e, v, s, snapshot=_rule(c), win_rate_decay=c.win_rate_decay))
-SCHEDULERS.add("lagged", lambda c, e, v, s: Lagged(
-    e, v, s, lag=c.lag, win_rate_decay=c.win_rate_decay))
-SCHEDULERS.add("fsp", lambda c, e, v, s: UniformFSP(
-    e, v, s, snapshot=_rule(c), win_rate_decay=c.win_rate_decay))
-SCHEDULERS.add("pfsp", lambda c, e, v, s: PFSP(
+SCHEDULERS.add("round_robin", lambda c, e, v, s, seats: RoundRobin(
+    e, v, s, rounds=c.rounds, games_per_pairing=c.games_per_pairing, seats=seats))
+SCHEDULERS.add("swiss", lambda c, e, v, s, seats: Swiss(
+    e, v, s, rounds=c.rounds, games_per_pairing=c.games_per_pairing, seats=seats))
+SCHEDULERS.add("mirror", lambda c, e, v, s, seats: Mirror(
+    e, v, s, snapshot=_rule(c), win_rate_decay=c.win_rate_decay, seats=seats))
+SCHEDULERS.add("lagged", lambda c, e, v, s, seats: Lagged(
+    e, v, s, lag=c.lag, win_rate_decay=c.win_rate_decay, seats=seats))
+SCHEDULERS.add("fsp", lambda c, e, v, s, seats: UniformFSP(
+    e, v, s, snapshot=_rule(c), win_rate_decay=c.win_rate_decay, seats=seats))
+SCHEDULERS.add("pfsp", lambda c, e, v, s, seats: PFSP(
     e, v, s, snapshot=_rule(c), weighting=c.pfsp_weighting, exponent=c.pfsp_exponent,
-    win_rate_decay=c.win_rate_decay))
-SCHEDULERS.add("league", lambda c, e, v, s: League(
+    win_rate_decay=c.win_rate_decay, seats=seats))
+SCHEDULERS.add("league", lambda c, e, v, s, seats: League(
     e, v, s, snapshot=_rule(c), win_rate_decay=c.win_rate_decay,
-    options=LeagueOptions(**c.league.model_dump())))
+    options=LeagueOptions(**c.league.model_dump()), seats=seats))
 
 
 def build_scheduler(cfg: ScheduleConfig | dict[str, Any], entrants: Sequence[Entrant],
-                    envs: Sequence[str], seed: int = 0) -> Scheduler:
+                    envs: Sequence[str], seed: int = 0, seats: Seats = None) -> Scheduler:
     """Builds the scheduler named by ``cfg.format``.
 
     Args:
         cfg: The ``schedule`` config (a dict is validated first).
-        entrants: Policies taking part; ``learning`` marks those the run trains.
-        envs: Env names; each pair of players cycles through them.
+        entrants: Policies taking part; ``learning`` marks those the run trains, ``roles`` the
+            seats each may take.
+        envs: Env ids the matches are played in.
         seed: Seed of the scheduler's RNG (record it with the run).
+        seats: Agent names in seat order per env id (``{"Bargain-v0": ["player_0",
+            "player_1"]}``); envs left out are read from the env registry
+            (``make_multi(env_id).possible_agents``), unknown ids are two-seat games.
 
     Raises:
         ConfigError: ``cfg`` is a dict that does not validate.
-        TournamentError: the format cannot run with these entrants (e.g. no learner for pfsp).
+        TournamentError: the format cannot run with these entrants (e.g. no learner for pfsp,
+            roles naming no agent of any env, a seat nobody may take).
     """
     if isinstance(cfg, dict):
         try:
             cfg = ScheduleConfig.model_validate(cfg)
         except ValidationError as exc:
             raise ConfigError(f"invalid schedule: {format_validation_error(exc)}") from None
-    return SCHEDULERS.get(cfg.format)(cfg, entrants, envs, seed)
+    return SCHEDULERS.get(cfg.format)(cfg, entrants, envs, seed, seats)

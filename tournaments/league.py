@@ -20,12 +20,17 @@ except in main-vs-main self-play where both seats train. Snapshot rule: after ``
 the learner's lowest win rate against its reference opponents (main: all frozen players; main
 exploiter: the main agents; league exploiter: all frozen players) exceeds ``win_rate`` or after
 ``every`` steps.
+
+Seats and roles: in an N-seat match every other seat draws its opponent by the rules above,
+independently, among the players allowed in that seat (entrant ``roles``; snapshots keep their
+learner's). When a rule's pool has nobody allowed there (e.g. no main agent may take the seat),
+the draw falls back to PFSP over all frozen players allowed there, with the rule's weighting.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -66,8 +71,10 @@ class League(SelfPlayScheduler):
 
     def __init__(self, entrants: Sequence[Entrant], envs: Sequence[str], seed: int = 0,
                  snapshot: SnapshotRule | None = None, options: LeagueOptions | None = None,
-                 win_rate_decay: float = 0.99) -> None:
-        super().__init__(entrants, envs, seed, snapshot=snapshot, win_rate_decay=win_rate_decay)
+                 win_rate_decay: float = 0.99,
+                 seats: Mapping[str, Sequence[str]] | None = None) -> None:
+        super().__init__(entrants, envs, seed, snapshot=snapshot, win_rate_decay=win_rate_decay,
+                         seats=seats)
         self.roles = {e.policy_id: e.league_role for e in entrants if e.learning}
         bad = {p: r for p, r in self.roles.items() if r not in ROLES}
         if bad:
@@ -76,10 +83,14 @@ class League(SelfPlayScheduler):
             raise TournamentError("a league needs at least one learner with league_role 'main'")
         self.opts = options or LeagueOptions()
 
-    def mains(self) -> list[str]:
-        return [p for p, r in self.roles.items() if r == "main"]
+    def mains(self, agent: str | None = None) -> list[str]:
+        """Main agents (those allowed in the seat of ``agent`` when given)."""
+        return [p for p, r in self.roles.items() if r == "main" and self.may_sit(p, agent)]
 
-    def _pfsp(self, learner: str, pool: list[Player], weighting: str) -> Player:
+    def _pfsp(self, learner: str, pool: list[Player], weighting: str,
+              agent: str | None = None) -> Player:
+        """PFSP over ``pool``; over every frozen player allowed at ``agent`` if it is empty."""
+        pool = pool or self.candidates(agent)
         rates = self.win_rates.rates(learner, [p.key for p in pool])
         return self._choice(pool, pfsp_probs(rates, weighting, 2.0))
 
@@ -87,49 +98,55 @@ class League(SelfPlayScheduler):
         """A live learner as an opponent: current weights, not trained on this match."""
         return self.current(pid, learning=False)
 
-    def _opponent(self, learner: str) -> Player:
+    def _opponent(self, learner: str, agent: str | None) -> Player:
         role = self.roles[learner]
         if role == "main":
-            return self._main_opponent(learner)
+            return self._main_opponent(learner, agent)
         if role == "main_exploiter":
-            target = self._choice(self.mains())
+            mains = self.mains(agent)
+            if not mains:
+                return self._pfsp(learner, [], "variance", agent)
+            target = self._choice(mains)
             if self.win_rates.rate(learner, target) > self.opts.exploiter_min_win_rate:
                 return self._live(target)
-            return self._pfsp(learner, self.snapshots(target), "variance")
-        return self._pfsp(learner, self.candidates(), "linear_capped")
+            return self._pfsp(learner, self.snapshots(target), "variance", agent)
+        return self._pfsp(learner, self.candidates(agent), "linear_capped", agent)
 
-    def _main_opponent(self, learner: str) -> Player:
+    def _main_opponent(self, learner: str, agent: str | None) -> Player:
         coin = float(self.rng.random())
         if coin < self.opts.pfsp_prob:
-            return self._pfsp(learner, self.candidates(), "hard")
-        target = self._choice(self.mains())
+            return self._pfsp(learner, self.candidates(agent), "hard", agent)
+        mains = self.mains(agent)
+        if not mains:
+            return self._pfsp(learner, [], "variance", agent)
+        target = self._choice(mains)
         if coin < self.opts.pfsp_prob + self.opts.verification_prob:
-            checked = self._verification(learner, target)
+            checked = self._verification(learner, target, agent)
             if checked is not None:
                 return checked
         if target == learner:
             return self.current(learner, learning=True)  # mirror: both seats train
         if self.win_rates.rate(learner, target) > self.opts.selfplay_min_win_rate:
             return self._live(target)
-        return self._pfsp(learner, self.snapshots(target), "variance")
+        return self._pfsp(learner, self.snapshots(target), "variance", agent)
 
-    def _verification(self, learner: str, target: str) -> Player | None:
+    def _verification(self, learner: str, target: str, agent: str | None) -> Player | None:
         exploiters = [p for p, r in self.roles.items() if r == "main_exploiter"]
-        exp_snaps = [s for pid in exploiters for s in self.snapshots(pid)]
+        exp_snaps = [s for pid in exploiters for s in self.snapshots(pid, agent)]
         rates = self.win_rates.rates(learner, [p.key for p in exp_snaps])
         if len(rates) and rates.min() < self.opts.verification_exploiter_win_rate:
-            return self._pfsp(learner, exp_snaps, "hard")
+            return self._pfsp(learner, exp_snaps, "hard", agent)
         own = self.snapshots(target)
         rates, own = remove_monotonic_suffix(self.win_rates.rates(learner, [p.key for p in own]),
                                              own)
         if len(rates) and rates.min() < self.opts.verification_forgetting_win_rate:
-            return self._pfsp(learner, own, "hard")
+            return self._pfsp(learner, own, "hard", agent)
         return None
 
     def _reference_opponents(self, learner: str) -> list[Player]:
         if self.roles[learner] == "main_exploiter":
-            return [self._live(pid) for pid in self.mains()]
-        return self.candidates()
+            return [self._live(pid) for pid in self.mains() if self._faces(learner, pid)]
+        return super()._reference_opponents(learner)
 
     def _reset_after_snapshot(self, learner: str) -> bool:
         role = self.roles[learner]

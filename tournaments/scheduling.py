@@ -17,23 +17,35 @@ Everything is deterministic given the seed and the sequence of calls: the schedu
 numpy ``Generator`` and serializes it in :meth:`Scheduler.state_dict`, so a resumed run issues the
 same match ids, players and seats as an uninterrupted one.
 
-Seats: two-player matches are seated by :class:`SeatBalancer`, per (env, pair of players): the
-first game of a pair is seated at random and every later game gives seat 0 to whoever has had it
-less, so over time each player sits in each seat equally often against each opponent.
+Seats: a match has one player per seat of its env (``seat_names[env]``, the env's agents), and
+an entrant's ``roles`` restrict the seats it may take. When every env has the same number of
+seats and no entrant has roles, the envs are interchangeable: a format picks the players first,
+each group of players cycles through the envs, and :class:`SeatBalancer` seats them (each player
+takes each seat equally often per env and group; for two players: the first game at random,
+then seat 0 to whoever had it less). Otherwise the env is picked first and only players allowed
+in its seats are drawn (see each format).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
 from agentrt.registry import Registry
+from agentrt.tournaments.seating import (
+    SeatBalancer,
+    feasible_groups,
+    resolve_seats,
+    seat_assignment,
+)
 from agentrt.tournaments.types import (
     Entrant,
     Match,
@@ -132,41 +144,39 @@ class WinRates:
         self._score = {(a, b): s for a, b, _, s in state["rows"]}
 
 
-class SeatBalancer:
-    """Seats pairs so each player takes each seat equally often per (env, opponent)."""
+@dataclass(frozen=True)
+class Group:
+    """The players of one match before it becomes a :class:`Match`.
 
-    def __init__(self) -> None:
-        self._lead: dict[str, int] = {}  # "env|a|b" (a < b) -> times a had seat 0 minus b had it
+    Attributes:
+        players: One per seat; in seat order when ``seated``, else in any order.
+        env: The env; None lets the group cycle through the envs (interchangeable envs only).
+        seated: ``players`` are already in seat order (else :class:`SeatBalancer` seats them).
+    """
 
-    def seat(self, env: str, a: Player, b: Player, rng: np.random.Generator) -> tuple[Player, ...]:
-        """Returns ``(seat0, seat1)``: random on a tie, else the player who had seat 0 less."""
-        if a.key == b.key:
-            return (a, b)
-        first, second = (a, b) if a.key < b.key else (b, a)
-        tag = f"{env}|{first.key}|{second.key}"
-        lead = self._lead.get(tag, 0)
-        first_goes_first = bool(rng.integers(2)) if lead == 0 else lead < 0
-        self._lead[tag] = lead + (1 if first_goes_first else -1)
-        return (first, second) if first_goes_first else (second, first)
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self._lead)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._lead = {k: int(v) for k, v in state.items()}
+    players: tuple[Player, ...]
+    env: str | None = None
+    seated: bool = False
 
 
 class Scheduler(ABC):
     """Base of all match formats (see the module docstring for the driving loop).
 
-    Subclasses implement :meth:`_next_pairs`; pairs are turned into matches here (match id, env,
-    seats). A pair is ``(a, b)``: two :class:`Player` objects whose ``learning`` flags say whose
-    turns the controller trains on in that match.
+    Subclasses implement :meth:`_next_groups`; groups are turned into matches here (match id,
+    env, seats). The players' ``learning`` flags say whose turns the controller trains on.
+
+    Args:
+        entrants: Policies taking part; their ``roles`` restrict the seats they may take.
+        envs: Env ids.
+        seed: Seed of the scheduler's RNG.
+        seats: Agent names in seat order per env id; envs not named here are looked up (see
+            :func:`~agentrt.tournaments.seating.resolve_seats`).
     """
 
     name: ClassVar[str] = ""
 
-    def __init__(self, entrants: Sequence[Entrant], envs: Sequence[str], seed: int = 0) -> None:
+    def __init__(self, entrants: Sequence[Entrant], envs: Sequence[str], seed: int = 0,
+                 seats: Mapping[str, Sequence[str]] | None = None) -> None:
         if not envs:
             raise TournamentError("a tournament needs at least one env")
         ids = [e.policy_id for e in entrants]
@@ -174,6 +184,15 @@ class Scheduler(ABC):
             raise TournamentError(f"entrants must have distinct policy ids; got {ids}")
         self.entrants = list(entrants)
         self.envs = list(envs)
+        self.seat_names = resolve_seats(self.envs, seats)
+        self._check_roles()
+        self._allowed = {(e.policy_id, env): frozenset(
+            i for i, agent in enumerate(names) if e.may_play(agent))
+            for e in self.entrants for env, names in self.seat_names.items()}
+        # Interchangeable envs: players are chosen first and cycle through the envs (the only
+        # behaviour before seats and roles existed; two-seat configs keep their schedules).
+        self.uniform = (len({len(n) for n in self.seat_names.values()}) == 1
+                        and all(e.roles is None for e in self.entrants))
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.win_rates = WinRates()
@@ -182,14 +201,14 @@ class Scheduler(ABC):
         self.step = 0
         self.round = 0
         self._issued = 0
-        self._pair_games: dict[str, int] = {}  # "a|b" -> games issued, rotates the env per pair
+        self._pair_games: dict[str, int] = {}  # "a|b|.." -> games issued, rotates the env
 
     # ---- the interface -------------------------------------------------------------------
     def next_matches(self, n: int) -> list[Match]:
         """Up to ``n`` new matches; fewer (even none) when the format waits for results."""
         if n < 0:
             raise TournamentError(f"next_matches(n) needs n >= 0, got {n}")
-        return [self._make_match(a, b) for a, b in self._next_pairs(n)]
+        return [self._make_match(g) for g in self._next_groups(n)]
 
     def report(self, results: Sequence[MatchResult]) -> None:
         """Feeds outcomes back (win-rate estimates, swiss standings). Call once per result."""
@@ -216,18 +235,27 @@ class Scheduler(ABC):
         """Everyone who can currently be scheduled (learners, snapshots, fixed opponents)."""
         return [self.current(e.policy_id) for e in self.entrants]
 
+    def entrant(self, policy_id: str) -> Entrant:
+        """The entrant of ``policy_id`` (a snapshot's is its learner's)."""
+        for e in self.entrants:
+            if e.policy_id == policy_id:
+                return e
+        raise TournamentError(f"unknown policy {policy_id!r}; entrants: "
+                              f"{', '.join(e.policy_id for e in self.entrants)}")
+
     def current(self, policy_id: str, learning: bool | None = None) -> Player:
         """The live player of ``policy_id`` at its current version."""
-        entrant = next((e for e in self.entrants if e.policy_id == policy_id), None)
-        if entrant is None:
-            raise TournamentError(f"unknown policy {policy_id!r}; entrants: "
-                                  f"{', '.join(e.policy_id for e in self.entrants)}")
+        entrant = self.entrant(policy_id)
         learn = entrant.learning if learning is None else learning and entrant.learning
         return Player(policy_id, self.versions[policy_id], learning=learn)
 
+    def allowed_seats(self, policy_id: str, env: str) -> frozenset[int]:
+        """Seat indices of ``env`` that ``policy_id`` (or its snapshots) may take."""
+        return self._allowed[(policy_id, env)]
+
     def state_dict(self) -> dict[str, Any]:
         """JSON-serializable state; :meth:`load_state_dict` on a scheduler built from the same
-        config, entrants, envs and seed restores it exactly."""
+        config, entrants, envs, seats and seed restores it exactly."""
         return {
             "format": self.name, "rng": self.rng.bit_generator.state,
             "win_rates": self.win_rates.state_dict(), "seats": self.seats.state_dict(),
@@ -249,16 +277,23 @@ class Scheduler(ABC):
 
     # ---- helpers for subclasses ----------------------------------------------------------
     @abstractmethod
-    def _next_pairs(self, n: int) -> list[tuple[Player, Player]]:
-        """Up to ``n`` pairs of players for the next matches."""
+    def _next_groups(self, n: int) -> list[Group]:
+        """Up to ``n`` groups of players for the next matches."""
 
-    def _make_match(self, a: Player, b: Player) -> Match:
-        tag = "|".join(sorted((a.key, b.key)))
-        count = self._pair_games.get(tag, 0)
-        self._pair_games[tag] = count + 1
-        env = self.envs[count % len(self.envs)]  # each pair cycles through the envs
-        players = self.seats.seat(env, a, b, self.rng)
-        match = Match(f"m{self._issued:08d}", env, players, round=self.round)
+    def _make_match(self, group: Group) -> Match:
+        players, env = group.players, group.env
+        if env is None:
+            tag = "|".join(sorted(p.key for p in players))
+            count = self._pair_games.get(tag, 0)
+            self._pair_games[tag] = count + 1
+            env = self.envs[count % len(self.envs)]  # each group cycles through the envs
+        if len(players) != len(self.seat_names[env]):
+            raise TournamentError(f"{len(players)} players for the {len(self.seat_names[env])} "
+                                  f"seats of env {env!r}")
+        if not group.seated:
+            allowed = [self.allowed_seats(p.policy_id, env) for p in players]
+            players = self.seats.seat(env, players, allowed, self.rng)
+        match = Match(f"m{self._issued:08d}", env, tuple(players), round=self.round)
         self._issued += 1
         return match
 
@@ -270,54 +305,134 @@ class Scheduler(ABC):
         i = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
         return items[min(i, len(items) - 1)]
 
+    def _group_envs(self) -> list[str | None]:
+        """Envs the rating formats build groups for: one None (the groups cycle through the
+        envs) when the envs are interchangeable, else every env."""
+        return [None] if self.uniform else list(self.envs)
+
+    def _seat_count(self, env: str | None) -> int:
+        return len(self.seat_names[env if env is not None else self.envs[0]])
+
+    def _eligible(self, env: str | None) -> list[str]:
+        """Entrants that may take some seat of ``env`` (None: any env), in entrant order."""
+        return [e.policy_id for e in self.entrants
+                if env is None or self.allowed_seats(e.policy_id, env)]
+
+    def _allowed_fn(self, env: str | None) -> Callable[[str], frozenset[int]]:
+        every = frozenset(range(self._seat_count(env)))
+        return (lambda pid: every) if env is None else (lambda pid: self._allowed[(pid, env)])
+
+    def _require_fillable(self, fmt: str) -> None:
+        """Every env's seats can be filled by distinct entrants (rating formats)."""
+        for env, agents in self.seat_names.items():
+            takers = [[i for i, e in enumerate(self.entrants) if e.may_play(a)] for a in agents]
+            if seat_assignment(takers, len(self.entrants)) is not None:
+                continue
+            if len(self.entrants) < len(agents):
+                raise TournamentError(f"{fmt} needs at least {len(agents)} entrants to fill the "
+                                      f"{len(agents)} seats of env {env!r}")
+            empty = [a for a, t in zip(agents, takers) if not t]
+            why = (f"nobody may take {empty}" if empty
+                   else "too few distinct entrants share the seats")
+            raise TournamentError(f"{fmt}: the entrants' roles cannot fill the seats "
+                                  f"{list(agents)} of env {env!r} ({why}); add those agents to "
+                                  f"some entrant's roles or leave roles unset")
+
+    def _check_roles(self) -> None:
+        agents = sorted({a for names in self.seat_names.values() for a in names})
+        for e in self.entrants:
+            unknown = [r for r in e.roles or () if r not in agents]
+            if unknown:
+                raise TournamentError(
+                    f"entrant {e.policy_id!r} has roles {unknown} that no env has; valid "
+                    f"agent names of envs {self.envs}: {', '.join(agents)}")
+
+
+MAX_ROUND_GROUPS = 20000  # above this many groups per round, round robin rotates instead
+
 
 class RoundRobin(Scheduler):
-    """Every pair of entrants plays ``games_per_pairing`` games per round, rounds shuffled.
+    """Every group of entrants plays ``games_per_pairing`` games per round, rounds shuffled.
+
+    Groups have one entrant per seat. With interchangeable envs (same seat count N, no roles)
+    a round holds every N-combination of entrants (every pair for two-player games), each
+    cycling through the envs; otherwise every combination that can fill env E's seats, for each
+    env E. A round is shuffled with the scheduler's RNG, and :class:`SeatBalancer` rotates each
+    group's seats from game to game (so ``games_per_pairing`` = N plays every seat once when
+    the roles allow it). When a round would hold more than :data:`MAX_ROUND_GROUPS` groups
+    (e.g. 3 seats and 50 entrants), each round is a seeded rotation instead: the entrants in a
+    random order, each still unplaced one forming a group with the next unplaced ones it can be
+    seated with, so every entrant plays at least once per round.
 
     Args:
         rounds: Number of rounds; None repeats forever (the controller's budget stops it).
-        games_per_pairing: Games per pair per round; 2 plays both seat orders.
+        games_per_pairing: Games per group per round; 2 plays both seat orders of a pair.
     """
 
     name = "round_robin"
 
     def __init__(self, entrants: Sequence[Entrant], envs: Sequence[str], seed: int = 0,
-                 rounds: int | None = None, games_per_pairing: int = 2) -> None:
-        super().__init__(entrants, envs, seed)
-        if len(entrants) < 2:
+                 rounds: int | None = None, games_per_pairing: int = 2,
+                 seats: Mapping[str, Sequence[str]] | None = None) -> None:
+        super().__init__(entrants, envs, seed, seats)
+        if len(entrants) < 2 and max(map(len, self.seat_names.values())) > 1:
             raise TournamentError("round robin needs at least two entrants")
+        self._require_fillable("round robin")
         self.rounds = rounds
         self.games_per_pairing = games_per_pairing
-        self._queue: list[tuple[str, str]] = []
+        self._queue: list[tuple[tuple[str, ...], str | None]] = []
 
     @property
     def done(self) -> bool:
         return not self._queue and self.rounds is not None and self.round >= self.rounds
 
-    def _next_pairs(self, n: int) -> list[tuple[Player, Player]]:
-        out: list[tuple[Player, Player]] = []
+    def _next_groups(self, n: int) -> list[Group]:
+        out: list[Group] = []
         while len(out) < n:
             if not self._queue:
                 if self.rounds is not None and self.round >= self.rounds:
                     break
                 self._refill()
-            a, b = self._queue.pop(0)
-            out.append((self.current(a), self.current(b)))
+            ids, env = self._queue.pop(0)
+            out.append(Group(tuple(self.current(i) for i in ids), env))
         return out
 
     def _refill(self) -> None:
-        ids = [e.policy_id for e in self.entrants]
-        pairs = [(a, b) for i, a in enumerate(ids) for b in ids[i + 1:]]
-        order = self.rng.permutation(len(pairs))
-        self._queue = [pairs[i] for i in order for _ in range(self.games_per_pairing)]
+        items = [(g, env) for env in self._group_envs() for g in self._round_groups(env)]
+        order = self.rng.permutation(len(items))
+        self._queue = [items[i] for i in order for _ in range(self.games_per_pairing)]
         self.round += 1
 
+    def _round_groups(self, env: str | None) -> list[tuple[str, ...]]:
+        ids, n, allowed = self._eligible(env), self._seat_count(env), self._allowed_fn(env)
+        if math.comb(len(ids), n) <= MAX_ROUND_GROUPS:
+            return list(feasible_groups(None, ids, n, allowed, limit=None))
+        order = [ids[i] for i in self.rng.permutation(len(ids))]
+        placed: set[str] = set()
+        groups = []
+        for a in order:
+            if a in placed:
+                continue
+            pool = [x for x in order if x not in placed and x != a] + \
+                [x for x in order if x in placed]
+            group = next(feasible_groups(a, pool, n, allowed), None)
+            if group is not None:
+                placed.update(group)
+                groups.append(group)
+        return groups
+
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "queue": [list(p) for p in self._queue]}
+        return {**super().state_dict(), "queue": [[list(g), env] for g, env in self._queue]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self._queue = [(a, b) for a, b in state["queue"]]
+        self._queue = load_queue(state["queue"])
+
+
+def load_queue(saved: list[list[Any]]) -> list[tuple[tuple[str, ...], str | None]]:
+    """Saved queue entries ``[ids, env]`` (or ``[a, b]`` as saved by two-seat versions)."""
+    return [(tuple(q), None) if all(isinstance(x, str) for x in q) else (tuple(q[0]), q[1])
+            for q in saved]
 
 
 def save_state(state: dict[str, Any], path: str | Path) -> None:

@@ -46,13 +46,17 @@ class Tournament:
         envs: Env names the matches are played in.
         seed: Scheduler seed.
         rating_model: OpenSkill model name (see ``ratings.OPENSKILL_MODELS``).
+        seats: Agent names in seat order per env id; envs left out are read from the env
+            registry (``make_multi(env_id).possible_agents``). Matches have one player per
+            seat; ``Entrant.roles`` pin entrants to some of them.
     """
 
     def __init__(self, run_dir: str | Path, schedule: ScheduleConfig | dict[str, Any],
                  entrants: Sequence[Entrant], envs: Sequence[str], seed: int = 0,
-                 rating_model: str = "plackett_luce") -> None:
+                 rating_model: str = "plackett_luce",
+                 seats: Mapping[str, Sequence[str]] | None = None) -> None:
         self.run_dir = Path(run_dir)
-        self.scheduler = build_scheduler(schedule, entrants, envs, seed)
+        self.scheduler = build_scheduler(schedule, entrants, envs, seed, seats)
         self.ratings = OpenSkillRatings(rating_model)
         self.elo = EloRatings()
         self.store = MatchStore(self.run_dir)

@@ -65,11 +65,28 @@ class Entrant:
         learning: Whether the run trains this policy.
         league_role: Only read by the league format: "main", "main_exploiter" or
             "league_exploiter" for learners; fixed entrants join the pool of opponents.
+        roles: Agent names (seats) this entrant may play, e.g. ``("player_0",)`` for the
+            first mover only; None: any seat of any env. Snapshots of a learner inherit its
+            roles. A role that no env has is an error when the scheduler is built.
     """
 
     policy_id: str
     learning: bool = False
     league_role: str = "main"
+    roles: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.roles is None:
+            return
+        roles = (self.roles,) if isinstance(self.roles, str) else tuple(self.roles)
+        if not roles or not all(isinstance(r, str) and r for r in roles):
+            raise TournamentError(f"entrant {self.policy_id!r}: roles must name at least one "
+                                  f"agent (got {self.roles!r}); use None for any seat")
+        object.__setattr__(self, "roles", roles)
+
+    def may_play(self, agent: str) -> bool:
+        """Whether this entrant may sit in the seat of ``agent``."""
+        return self.roles is None or agent in self.roles
 
 
 @dataclass(frozen=True)
@@ -80,7 +97,8 @@ class Match:
         match_id: Unique and deterministic for a given seed (``"m00000042"``); a resumed run
             re-issues the same ids, which makes record inserts idempotent.
         env: Environment name the game is played in.
-        players: Seat order: ``players[i]`` plays seat ``i`` (role ``player_i``).
+        players: Seat order: ``players[i]`` plays seat ``i``, the env's agent
+            ``possible_agents[i]`` (see ``Scheduler.seat_names``); one player per seat.
         round: Scheduler round (swiss/round-robin round, or the training step for self-play).
     """
 
