@@ -9,9 +9,20 @@
   chess convention; it keeps the model one parameter per player, unlike Davidson 1970's tie
   parameter), confidence intervals from the observed Fisher information.
 
+N-player results (a match has one player per seat; a higher score ranks better, equal scores
+tie): OpenSkill rates them natively, one team per player with ranks from the scores. Elo and
+Bradley-Terry use the standard pairwise decomposition: the result counts as one game between
+every two players, won by the higher score, drawn on equal scores (N(N-1)/2 games; for two
+players the usual single game). Elo scales K by 1/(N-1) so one match moves a rating by at most
+K, as a two-player game does (Kerrigan's "simple multiplayer Elo"). The pairwise games of one
+match are not independent, so Bradley-Terry's intervals are somewhat too narrow for N > 2.
+
 Online ratings are kept per env and pooled under :data:`ALL`. Every rating object serializes with
-``state_dict``/``load_state_dict`` for resume. Matches where one rating identity occupies several
-seats (mirror self-play) carry no rating information and are skipped.
+``state_dict``/``load_state_dict`` for resume. A rating identity holding several seats of one
+match (mirror self-play, the same snapshot drawn for two seats) counts once, with its mean score
+over those seats (:func:`rated_view`); a match with fewer than two identities (mirror self-play
+of two seats, a one-player task) carries no rating information and is skipped. Such matches are
+still recorded.
 """
 
 from __future__ import annotations
@@ -39,9 +50,21 @@ def ranks_from_scores(scores: Sequence[float]) -> list[int]:
     return [sum(1 for t in scores if t > s) for s in scores]
 
 
-def _rated(result: MatchResult) -> bool:
+def rated_view(result: MatchResult) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """Distinct rating identities of a match (first-seat order) and each one's score: its mean
+    over the seats it holds. Fewer than two identities means nothing to rate."""
     keys = result.match.keys
-    return len(set(keys)) == len(keys)
+    if len(set(keys)) == len(keys):
+        return keys, tuple(float(s) for s in result.scores)
+    seats: dict[str, list[float]] = {}
+    for k, s in zip(keys, result.scores):
+        seats.setdefault(k, []).append(float(s))
+    return tuple(seats), tuple(sum(v) / len(v) for v in seats.values())
+
+
+def pair_score(mine: float, theirs: float) -> float:
+    """One pairwise game of an N-player result: 1 win, 0.5 draw, 0 loss by the two scores."""
+    return 1.0 if mine > theirs else 0.5 if mine == theirs else 0.0
 
 
 @dataclass(frozen=True)
@@ -72,10 +95,12 @@ class OpenSkillRatings:
         self._table: dict[str, dict[str, list[float]]] = {}  # env -> key -> [mu, sigma, games]
 
     def update(self, result: MatchResult) -> None:
-        """Rates one match in its env and in ``"*"``; draws are equal ranks."""
-        if not _rated(result):
+        """Rates one match in its env and in ``"*"``: one team per player, ranked by score
+        (equal scores: equal ranks)."""
+        keys, scores = rated_view(result)
+        if len(keys) < 2:
             return
-        keys, ranks = result.match.keys, ranks_from_scores(result.scores)
+        ranks = ranks_from_scores(scores)
         for env in (result.match.env, ALL):
             table = self._table.setdefault(env, {})
             rows = [table.setdefault(k, [self.model.mu, self.model.sigma, 0]) for k in keys]
@@ -109,7 +134,10 @@ class OpenSkillRatings:
 
 
 class EloRatings:
-    """Online Elo per env (and pooled under ``"*"``); n-seat matches update every pair.
+    """Online Elo per env (and pooled under ``"*"``).
+
+    An N-player match updates every pair (see the module docstring): player i moves by
+    K / (N - 1) * sum_j (S_ij - E_ij) over the N - 1 others, S_ij = 1, 0.5 or 0 by the scores.
 
     Args:
         k: Step size K in Elo points per game.
@@ -121,9 +149,10 @@ class EloRatings:
         self._table: dict[str, dict[str, list[float]]] = {}  # env -> key -> [rating, games]
 
     def update(self, result: MatchResult) -> None:
-        if not _rated(result):
+        keys, scores = rated_view(result)
+        if len(keys) < 2:
             return
-        keys, scores = result.match.keys, result.scores
+        k = self.k / (len(keys) - 1)
         for env in (result.match.env, ALL):
             table = self._table.setdefault(env, {})
             rows = [table.setdefault(k, [self.initial, 0]) for k in keys]
@@ -132,9 +161,8 @@ class EloRatings:
                 for j in range(len(rows)):
                     if i == j:
                         continue
-                    s = 1.0 if scores[i] > scores[j] else 0.5 if scores[i] == scores[j] else 0.0
                     expected = 1.0 / (1.0 + 10.0 ** ((old[j] - old[i]) / 400.0))
-                    row[0] += self.k * (s - expected)
+                    row[0] += k * (pair_score(scores[i], scores[j]) - expected)
                 row[1] += 1
 
     def rating(self, key: str, env: str = ALL) -> float:
@@ -166,15 +194,15 @@ class WinMatrix:
     @classmethod
     def from_results(cls, results: Iterable[MatchResult], names: Sequence[str] | None = None
                      ) -> WinMatrix:
-        """Counts every pair of seats of every rated result (mirror matches are skipped)."""
-        results = [r for r in results if _rated(r)]
+        """Counts every pair of players of every rated result (pairwise decomposition of
+        N-player results; see :func:`rated_view` for identities holding several seats)."""
+        views = [v for v in map(rated_view, results) if len(v[0]) > 1]
         if names is None:
-            names = sorted({k for r in results for k in r.match.keys})
+            names = sorted({k for keys, _ in views for k in keys})
         index = {n: i for i, n in enumerate(names)}
         wins = np.zeros((len(names), len(names)))
         draws = np.zeros_like(wins)
-        for r in results:
-            keys, s = r.match.keys, r.scores
+        for keys, s in views:
             for a in range(len(keys)):
                 for b in range(a + 1, len(keys)):
                     i, j = index[keys[a]], index[keys[b]]

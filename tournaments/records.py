@@ -192,7 +192,8 @@ class MatchStore:
     def opponent_stats(self, player_key: str, env: str | None = None,
                        since_step: int | None = None) -> dict[str, dict[str, float]]:
         """Per opponent key: games, score rate (draws half), win/draw/loss rates, and this
-        player's invalid moves per game, over two-seat matches."""
+        player's invalid moves per game. Pairwise: in an N-seat match each of this player's
+        seats meets each other seat holding a different identity once."""
         sql = (
             "SELECT o.player_key, COUNT(*), SUM(me.score > o.score), SUM(me.score = o.score), "
             "SUM(me.invalid_moves) FROM seats me JOIN seats o ON o.match_id = me.match_id "
@@ -213,7 +214,8 @@ class MatchStore:
         return out
 
     def seat_stats(self, env: str | None = None) -> dict[int, dict[str, float]]:
-        """Per seat: games and mean score (first-mover advantage at a glance)."""
+        """Per seat index: games and mean score (first-mover advantage at a glance). Seat
+        ``i`` is agent ``i`` of each env; pass ``env`` when envs differ in their seats."""
         sql = ("SELECT s.seat, COUNT(*), AVG(s.score) FROM seats s JOIN matches m "
                "ON m.match_id = s.match_id")
         args: list[Any] = []

@@ -2,6 +2,8 @@
 
 Everything is recomputed from the match records alone (``matches.sqlite`` in the run folder), so
 a report can be written at the end of a run, on demand during it, or later from a copied folder.
+Matches of any number of seats count: scores, win-rate curves and the payoff matrix are pairwise
+between seats (see :mod:`agentrt.tournaments.ratings`), seat scores are shown per env.
 Figures are drawn with matplotlib's object API on the Agg canvas (no pyplot global state, no
 display needed) and embedded as base64 PNGs, so the HTML file is self-contained.
 """
@@ -27,6 +29,8 @@ from agentrt.tournaments.ratings import (
     OpenSkillRatings,
     WinMatrix,
     fit_bradley_terry,
+    pair_score,
+    rated_view,
 )
 from agentrt.tournaments.records import MatchStore
 from agentrt.tournaments.types import MatchResult
@@ -48,22 +52,20 @@ class LeaderRow:
     invalid_per_game: float
 
 
-def _pair_score(mine: float, theirs: float) -> float:
-    return 1.0 if mine > theirs else 0.5 if mine == theirs else 0.0
-
-
 def _player_stats(results: Sequence[MatchResult]) -> dict[str, list[float]]:
-    """key -> [games, summed pairwise score vs the other seats, invalid moves]."""
+    """key -> [games, summed mean pairwise score vs the other players, invalid moves], over
+    rated matches (an identity holding several seats counts once, see ``rated_view``)."""
     acc: dict[str, list[float]] = {}
     for r in results:
-        if len(set(r.match.keys)) < len(r.match.keys):
+        keys, scores = rated_view(r)
+        if len(keys) < 2:
             continue
-        for i, p in enumerate(r.match.players):
-            row = acc.setdefault(p.key, [0, 0.0, 0])
-            others = [_pair_score(r.scores[i], s) for j, s in enumerate(r.scores) if j != i]
+        for i, key in enumerate(keys):
+            row = acc.setdefault(key, [0, 0.0, 0])
+            others = [pair_score(scores[i], s) for j, s in enumerate(scores) if j != i]
             row[0] += 1
             row[1] += sum(others) / len(others)
-            row[2] += r.invalid_moves[i]
+            row[2] += sum(n for k, n in zip(r.match.keys, r.invalid_moves) if k == key)
     return acc
 
 
@@ -125,22 +127,25 @@ def win_rate_curves(results: Sequence[tuple[MatchResult, int]], bins: int = 20
                     ) -> dict[str, dict[str, list[tuple[float, float]]]]:
     """Score of each trained player over time against each opponent group.
 
-    Snapshots are grouped as ``"<policy>@*"``; fixed opponents stay themselves.
+    Pairwise per seat: a learning seat scores 1 / 0.5 / 0 against each other seat holding a
+    different identity. Snapshots are grouped as ``"<policy>@*"``; fixed opponents stay
+    themselves.
 
     Returns:
         ``{learner: {opponent group: [(mean step of bin, mean score), ...]}}``.
     """
     per: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for r, step in results:
-        if len(r.match.players) != 2 or r.match.keys[0] == r.match.keys[1]:
-            continue
-        for me, opp, score in ((0, 1, r.scores[0]), (1, 0, r.scores[1])):
-            p, o = r.match.players[me], r.match.players[opp]
-            if p.snapshot or not any(q.learning for q in r.match.players if q.key == p.key):
+        players = r.match.players
+        for me, p in enumerate(players):
+            if p.snapshot or not any(q.learning for q in players if q.key == p.key):
                 continue
-            s = _pair_score(score, r.scores[opp])
-            group = f"{o.policy_id}@*" if o.snapshot else o.key
-            per.setdefault(p.key, {}).setdefault(group, []).append((step, s))
+            for opp, o in enumerate(players):
+                if o.key == p.key:
+                    continue
+                s = pair_score(r.scores[me], r.scores[opp])
+                group = f"{o.policy_id}@*" if o.snapshot else o.key
+                per.setdefault(p.key, {}).setdefault(group, []).append((step, s))
     out: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for learner, groups in per.items():
         for group, pts in groups.items():
@@ -233,16 +238,19 @@ def write_report(source: MatchStore | str | Path, out: str | Path | None = None,
     store = source if isinstance(source, MatchStore) else MatchStore(source)
     try:
         stepped = store.results(env=env)
-        seats = store.seat_stats(env)
+        envs = sorted({r.match.env for r, _ in stepped})
+        seats = {e: store.seat_stats(e) for e in envs}
     finally:
         if store is not source:
             store.close()
     results = [r for r, _ in stepped]
     rows = build_leaderboard(results)
-    sections = [f"<p>{len(results)} matches; envs: "
-                f"{html.escape(', '.join(sorted({r.match.env for r in results})) or '-')}; "
-                f"seat scores: " + ", ".join(f"seat {k}: {v['score']:.3f} over {v['games']}"
-                                             for k, v in sorted(seats.items())) + "</p>",
+    seat_text = "; ".join(
+        f"{html.escape(e)}: " + ", ".join(f"seat {k} {v['score']:.3f} over {v['games']}"
+                                          for k, v in sorted(by_seat.items()))
+        for e, by_seat in seats.items())
+    sections = [f"<p>{len(results)} matches; envs: {html.escape(', '.join(envs)) or '-'}; "
+                f"mean score per seat: {seat_text or '-'}</p>",
                 "<h2>Leaderboard</h2>", _leaderboard_html(rows)]
     if rows:
         curves = win_rate_curves(stepped)  # empty in rating-only runs (nobody trains)
