@@ -8,6 +8,15 @@ Example (examples/ttt_league.yaml)::
     baselines: [{id: random, kind: random}, {id: minimax, kind: minimax}]
     schedule: {format: pfsp}
     train: {steps: 200, games_per_step: 128}
+
+Roles pin a policy or baseline to some seats (agent names of the envs), e.g. an asymmetric game
+where each side has its own policy::
+
+    envs: [{id: Bargain-v0}]
+    policies:
+      - {id: buyer, model: {preset: llama-tiny}, roles: [player_0]}
+      - {id: seller, model: {preset: llama-tiny}, roles: [player_1]}
+    baselines: [{id: haggler, kind: bargain, roles: [player_1]}]
 """
 
 from __future__ import annotations
@@ -16,10 +25,11 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from agentrt.config import CheckpointConfig, PolicyConfig, Section
+from agentrt.config import CheckpointConfig, PolicyConfig, RuntimeConfig, Section
 from agentrt.memory.policy import MemoryBanksConfig, check_policy_memory
 from agentrt.runner.core import RunnerConfig
-from agentrt.tournaments.config import ScheduleConfig
+from agentrt.tournaments.config import ScheduleConfig, build_scheduler
+from agentrt.tournaments.types import Entrant, TournamentError
 
 BASELINE_KINDS = ("random", "minimax", "connect4", "kuhn", "bargain")
 
@@ -59,9 +69,14 @@ class EnvEntry(Section):
         return self
 
 
+_ROLES_HELP = ("Agent names (seats) it may play, e.g. [player_0]; its snapshots keep them "
+               "(null: every seat).")
+
+
 class LeaguePolicyConfig(PolicyConfig):
     league_role: Literal["main", "main_exploiter", "league_exploiter"] = Field(
         "main", description="Role in the league format (ignored by other formats).")
+    roles: tuple[str, ...] | None = Field(None, min_length=1, description=_ROLES_HELP)
 
 
 class BaselineConfig(Section):
@@ -69,6 +84,7 @@ class BaselineConfig(Section):
     kind: Literal["random", "minimax", "connect4", "kuhn", "bargain"] = Field(
         "random", description="Scripted policy.")
     seed: int = Field(0, description="Seed of its random choices.")
+    roles: tuple[str, ...] | None = Field(None, min_length=1, description=_ROLES_HELP)
 
 
 class WarmStartConfig(Section):
@@ -111,6 +127,25 @@ class TournamentRunConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     memory: MemoryBanksConfig = Field(
         default_factory=MemoryBanksConfig, description="Banks policies name in memory.bank.")
+    runtime: RuntimeConfig = Field(
+        default_factory=RuntimeConfig, description="In-process pools or Ray actors (each "
+        "policy's resources: section sizes its pool).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _online_preferences(cls, data: Any) -> Any:
+        """Preference policies in a league learn from the run's own matches (no data set)."""
+        if not isinstance(data, dict):
+            return data
+        policies = []
+        for p in data.get("policies") or []:
+            algo = p.get("algorithm") if isinstance(p, dict) else None
+            if isinstance(algo, str):
+                algo = {"name": algo}
+            if isinstance(algo, dict) and algo.get("name") in ("dpo", "ipo", "kto", "listwise"):
+                p = {**p, "algorithm": {**algo, "online": True}}
+            policies.append(p)
+        return {**data, "policies": policies} if policies else data
 
     @model_validator(mode="before")
     @classmethod
@@ -135,6 +170,52 @@ class TournamentRunConfig(Section):
             if "reflection" in p.memory.write:
                 raise ValueError(f"policy {p.id!r} memory.write 'reflection' needs a reflect "
                                  "function, which tournament runs do not take yet; drop it")
+        return self
+
+    def entrants(self) -> list[Entrant]:
+        """Policies (trainable ones learn) and baselines as tournament entrants, with roles."""
+        return [Entrant(p.id, learning=p.trainable, league_role=p.league_role, roles=p.roles)
+                for p in self.policies] + [Entrant(b.id, roles=b.roles) for b in self.baselines]
+
+    def env_seats(self) -> dict[str, tuple[str, ...]]:
+        """Agent names in seat order per env id, read from the envs built with their kwargs."""
+        from agentrt.envs import make_multi
+
+        out = {}
+        for e in self.envs:
+            try:
+                out[e.id] = tuple(make_multi(e.id, **e.kwargs).possible_agents)
+            except Exception as exc:  # noqa: BLE001 - reported as a config error
+                raise ValueError(f"envs: {e.id} with kwargs {e.kwargs} cannot be built to "
+                                 f"read its agents ({exc})") from None
+        return out
+
+    @model_validator(mode="after")
+    def _roles(self) -> TournamentRunConfig:
+        """Roles name agents of the envs, every seat has someone to play it, and the format
+        can seat everyone (checked by building the scheduler)."""
+        entries = [(f"policies.{i}.roles", p) for i, p in enumerate(self.policies)] + [
+            (f"baselines.{i}.roles", b) for i, b in enumerate(self.baselines)]
+        if all(entry.roles is None for _, entry in entries):
+            return self
+        seats = self.env_seats()
+        agents = sorted({a for names in seats.values() for a in names})
+        for field, entry in entries:
+            unknown = [r for r in entry.roles or () if r not in agents]
+            if unknown:
+                raise ValueError(f"{field}: {entry.id!r} names roles {unknown} that no env has; "
+                                 f"valid agent names: {', '.join(agents)}")
+        for env, names in seats.items():
+            for agent in names:
+                if all(entry.roles is not None and agent not in entry.roles
+                       for _, entry in entries):
+                    raise ValueError(f"roles: nobody may play {agent!r} of {env} (every policy "
+                                     f"and baseline has roles without it); add {agent!r} to "
+                                     f"some roles, or leave roles unset")
+        try:
+            build_scheduler(self.schedule, self.entrants(), list(seats), self.seed, seats)
+        except TournamentError as exc:
+            raise ValueError(f"roles: {exc}") from None
         return self
 
     @model_validator(mode="after")
