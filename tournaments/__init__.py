@@ -2,7 +2,9 @@
 
 The controller builds a scheduler from :class:`ScheduleConfig` with :func:`build_scheduler`,
 plays the matches it issues, stores results in a :class:`MatchStore`, feeds them to the
-scheduler and to the ratings, and writes the HTML report with :func:`write_report`. The
+scheduler and to the ratings, and writes the HTML report with :func:`write_report`. A match
+has one player per seat of its env (the env's agents, :func:`resolve_seats`); ``Entrant.roles``
+pins an entrant to some seats. The
 role-conditioned advantage estimator lives in :mod:`agentrt.algos.rae`.
 """
 
@@ -23,6 +25,7 @@ from agentrt.tournaments.ratings import (
     WinMatrix,
     fit_bradley_terry,
     kendall_tau,
+    rated_view,
 )
 from agentrt.tournaments.records import MatchStore
 from agentrt.tournaments.report import (
@@ -33,6 +36,7 @@ from agentrt.tournaments.report import (
 )
 from agentrt.tournaments.scheduling import (
     PFSP_WEIGHTINGS,
+    Group,
     RoundRobin,
     Scheduler,
     SeatBalancer,
@@ -49,6 +53,7 @@ from agentrt.tournaments.selfplay import (
     SnapshotRule,
     UniformFSP,
 )
+from agentrt.tournaments.seating import resolve_seats, seat_assignment
 from agentrt.tournaments.session import Tournament
 from agentrt.tournaments.swiss import Swiss
 from agentrt.tournaments.types import (
@@ -63,9 +68,10 @@ from agentrt.tournaments.types import (
 __all__ = [
     "SCHEDULERS", "LeagueConfig", "ScheduleConfig", "SnapshotConfig", "build_scheduler",
     "League", "LeagueOptions", "ALL", "BTFit", "EloRatings", "OpenSkillRatings", "RatingRow",
-    "WinMatrix", "fit_bradley_terry", "kendall_tau", "MatchStore", "LeaderRow",
+    "WinMatrix", "fit_bradley_terry", "kendall_tau", "rated_view", "MatchStore", "LeaderRow",
     "build_leaderboard", "format_leaderboard", "write_report", "PFSP_WEIGHTINGS", "RoundRobin",
-    "Scheduler", "SeatBalancer", "WinRates", "load_state", "pfsp_probs", "save_state", "PFSP",
+    "Group", "Scheduler", "SeatBalancer", "WinRates", "load_state", "pfsp_probs", "save_state",
+    "resolve_seats", "seat_assignment", "PFSP",
     "Lagged", "Mirror", "SelfPlayScheduler", "SnapshotEvent", "SnapshotRule", "UniformFSP",
     "Swiss", "Tournament", "Entrant", "Match", "MatchResult", "Player", "TournamentError",
 ]

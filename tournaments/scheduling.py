@@ -111,7 +111,10 @@ class WinRates:
             self._score[key] = self._score.get(key, 0.0) * self.decay + s
 
     def update_from(self, result: MatchResult) -> None:
-        """All pairs of seats of one result (for two seats: one update)."""
+        """Every pair of seats of one result counts as a game between their players, won by
+        the higher score (pairwise decomposition; for two seats: one game). PFSP's estimate for
+        a learner against B is thus its seat's score against B's seat; seats holding the same
+        identity are skipped."""
         keys, scores = result.match.keys, result.scores
         for i in range(len(keys)):
             for j in range(i + 1, len(keys)):
