@@ -186,6 +186,7 @@ class Scheduler(ABC):
         if len(set(ids)) != len(ids):
             raise TournamentError(f"entrants must have distinct policy ids; got {ids}")
         self.entrants = list(entrants)
+        self._by_id = {e.policy_id: e for e in self.entrants}
         self.envs = list(envs)
         self.seat_names = resolve_seats(self.envs, seats)
         self._check_roles()
@@ -240,11 +241,10 @@ class Scheduler(ABC):
 
     def entrant(self, policy_id: str) -> Entrant:
         """The entrant of ``policy_id`` (a snapshot's is its learner's)."""
-        for e in self.entrants:
-            if e.policy_id == policy_id:
-                return e
-        raise TournamentError(f"unknown policy {policy_id!r}; entrants: "
-                              f"{', '.join(e.policy_id for e in self.entrants)}")
+        if policy_id not in self._by_id:
+            raise TournamentError(f"unknown policy {policy_id!r}; entrants: "
+                                  f"{', '.join(e.policy_id for e in self.entrants)}")
+        return self._by_id[policy_id]
 
     def current(self, policy_id: str, learning: bool | None = None) -> Player:
         """The live player of ``policy_id`` at its current version."""
