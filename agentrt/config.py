@@ -28,6 +28,9 @@ class ModelConfig(Section):
     dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Compute dtype; bf16 uses autocast with fp32 master weights."
     )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the trainer and the HF rollout run; auto: CUDA when a GPU is "
+        "visible, else CPU.")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
@@ -157,6 +160,10 @@ class AlgorithmConfig(Section):
                              "(SPIRAL).")
     kl: KLConfig = Field(default_factory=KLConfig)
     ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
+    train_dropout: bool = Field(
+        False, description="Keep dropout on in RL and preference updates. Off by default (as TRL's "
+        "disable_dropout): old and reference log-probs are computed without dropout, so with it "
+        "on the PPO ratio is not 1 at the first update.")
     mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass.")
     critic: bool = Field(False, description="Train a value model (set by the ppo preset).")
     vf_coef: float = Field(1.0, gt=0.0, description="Scale of the value loss.")

@@ -1,22 +1,21 @@
-"""The hybrid engine: one object holding a policy's trainable model and its rollout backend.
+"""The learner of one policy: reference, critic, optimizer and the update steps.
 
-Rollout and training use the same weights. With the Hugging Face backend the rollout *is* the
-trainable module (``model.generate``), so a training step is visible to the next rollout with no
-copy at all; other backends (vLLM) receive the weights through ``sync``.
+A :class:`HybridEngine` trains one policy through the :class:`~agentrt.weights.SharedModel` that
+hosts it (the model and weights, and the rollout backend over the same weights). Several LoRA
+policies on one base share one SharedModel, each with its own engine; a single-policy engine
+builds its own. With the HF backend the rollout *is* the trainable module, so an update is visible
+to the next rollout with no copy; vLLM receives the new weights in place after every update
+(``SharedModel.sync``).
 
-The engine owns everything per policy that an algorithm needs: reference model for KL (a frozen
-copy, or the base with the adapter disabled for LoRA policies), an optional critic, the optimizer
-and LR schedule, and the KL controller. The trainer only calls ``generate``, ``prepare``,
-``compute_advantages`` and ``update``.
+The trainer calls ``generate``, ``prepare``, ``compute_advantages`` and ``update`` (RL),
+``sft_update`` (warm start) or ``preference_update`` (dpo, ipo, kto, listwise).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import math
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
@@ -33,14 +32,18 @@ from agentrt.algos import (
     RAEState,
     aggregate,
     entropy_from_logits,
+    PREFERENCE_LOSSES,
+    sequence_logps,
     sft_token_loss,
     use_rae_state,
     value_token_loss,
 )
-from agentrt.config import OptimConfig, PolicyConfig, SamplingConfig
-from agentrt.policies.models import build_model, load_model
-from agentrt.rollout.hf import Completion, HFRollout, token_logprobs
+from agentrt.algos.preference import group_mean
+from agentrt.config import PolicyConfig, SamplingConfig
+from agentrt.optim import ValueModel, make_optimizer, make_scheduler
+from agentrt.rollout.hf import Completion, token_logprobs
 from agentrt.types import TrainBatch
+from agentrt.weights import SharedModel
 
 log = logging.getLogger(__name__)
 
@@ -55,49 +58,6 @@ def shift_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the distribution each token was drawn from, aligned like :func:`shift_logprobs`
     (position t: the softmax of logits t-1; position 0 gets 0). [B,T,V] -> [B,T]."""
     return torch.nn.functional.pad(entropy_from_logits(logits[:, :-1]), (1, 0))
-
-
-class ValueModel(nn.Module):
-    """Critic: the policy's transformer body with a scalar head, initialised from policy weights.
-
-    ``forward`` returns values aligned like log-probs: position t holds V(input_ids[:, :t]), the
-    value of the state in which token t is generated.
-    """
-
-    def __init__(self, causal_lm: nn.Module) -> None:
-        super().__init__()
-        self.body = copy.deepcopy(causal_lm.get_decoder())
-        hidden = causal_lm.config.hidden_size
-        self.head = nn.Linear(hidden, 1)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        values = self.head(hidden[:, :-1].float()).squeeze(-1)
-        return torch.nn.functional.pad(values, (1, 0))
-
-
-def make_optimizer(params: list[nn.Parameter], cfg: OptimConfig, lr: float | None = None
-                   ) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=lr or cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                             weight_decay=cfg.weight_decay)
-
-
-def make_scheduler(opt: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int
-                   ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up, then constant, linear or cosine decay to ``min_lr_ratio``."""
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / (cfg.warmup_steps + 1)
-        if cfg.schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
-        decay = 1.0 - progress if cfg.schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
-        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
-
-    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
 # Metrics that are a micro-batch's (or replica's) *share* of a whole mini-batch quantity (losses
@@ -153,49 +113,43 @@ def chunks(n: int, size: int) -> Iterator[slice]:
 
 
 class HybridEngine:
-    """Trainable model + rollout over the same weights for one policy.
+    """The learner of one policy over the shared model that hosts it.
 
     Args:
         cfg: The policy's config.
         seed: Seeds LoRA/critic initialisation and mini-batch shuffling.
         workdir: Where a preset model is built (default: a temporary folder).
         total_steps: Training steps the LR schedule spans (linear/cosine decay).
+        shared: The base this policy joins as one more LoRA adapter; None builds its own.
     """
 
     def __init__(self, cfg: PolicyConfig, seed: int = 0, workdir: str | Path | None = None,
-                 total_steps: int = 1000) -> None:
+                 total_steps: int = 1000, shared: SharedModel | None = None) -> None:
         self.cfg = cfg
         self.policy_id = cfg.id
         self.version = 0
         self.algo = cfg.algorithm
-        self.autocast_dtype = torch.bfloat16 if cfg.model.dtype == "bf16" else None
-        path = self._resolve_model_path(workdir, seed)
+        if shared is None:
+            shared = SharedModel(cfg, seed=seed, workdir=workdir)
+        elif cfg.id not in shared.adapters:  # the base's first policy is there already
+            shared.add_policy(cfg, seed)
+        self.shared = shared
+        self.tokenizer = shared.tokenizer
+        self.is_lora = shared.is_lora
+        self.device = shared.device
+        self.autocast_dtype = shared.autocast_dtype
+        # The KL / online-preference reference: None is the model folder's weights (LoRA: the
+        # base with adapters off; full weights: a frozen copy); after reset_reference() it is
+        # the snapshot "<policy>@ref" of the warm-started weights.
+        self.reference: str | None = None
+        if self.needs_reference and not self.is_lora:
+            self.reference = f"{self.policy_id}@ref"
+            shared.freeze(self.policy_id, self.reference, serve=False)
+        self.ref_is_warm_start = False
         torch.manual_seed(seed)
-        model, self.tokenizer = load_model(path)
-        self.model_path = path
-        self.is_lora = cfg.lora.enabled
-        if self.is_lora:
-            from peft import LoraConfig as PeftLoraConfig
-            from peft import get_peft_model
-
-            peft_cfg = PeftLoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha,
-                                      lora_dropout=cfg.lora.dropout,
-                                      target_modules=list(cfg.lora.target_modules),
-                                      task_type="CAUSAL_LM")
-            model = get_peft_model(model, peft_cfg)
-        self.model = model
-        self.model.eval()  # dropout off: rollout and training see the same function
-        self.rollout = HFRollout(model, self.tokenizer, cfg.rollout.sampling,
-                                 cfg.rollout.batch_size, self.autocast_dtype)
-        if cfg.rollout.backend == "vllm":  # same weights, pushed in place after every update
-            from agentrt.rollout import attach_vllm
-
-            self.rollout = attach_vllm(self, seed=seed)
-        self.ref_model = self._make_reference()
-        self.ref_is_warm_start = False  # True once reset_reference() re-bases it
-        self.critic = ValueModel(self._base_lm()) if self.algo.critic else None
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(params, cfg.optim)
+        self.critic = (ValueModel(self._base_lm()).to(self.device) if self.algo.critic
+                       else None)
+        self.optimizer = make_optimizer(self.parameters(), cfg.optim)
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, total_steps)
         self.critic_optimizer = (
             make_optimizer(list(self.critic.parameters()), cfg.optim, lr=self.algo.critic_lr)
@@ -206,40 +160,43 @@ class HybridEngine:
         self.skipped_steps = 0
         # Per-(env, role, policy) baselines of the stateful "rae" estimator; others ignore it.
         self.rae_state = RAEState.for_algorithm(self.algo)
-        # peft name of this policy's adapter (agentrt.worker adds more policies on one base) and
-        # the data-parallel hooks a pool worker sets; None trains on the whole batch here.
-        self.adapter_name = "default"
+        # Data-parallel hooks a pool worker installs (set_data_parallel); None trains alone.
         self.data_parallel: DataParallel | None = None
+        self.sync_rollout()  # vLLM: serve this policy's weights from the start
 
     # ------------------------------------------------------------------ set-up helpers
-    def _resolve_model_path(self, workdir: str | Path | None, seed: int) -> Path:
-        if self.cfg.model.path is not None:
-            return Path(self.cfg.model.path)
-        base = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="agentrt-"))
-        folder = base / f"base_model_{self.cfg.model.preset}"
-        if not (folder / "config.json").is_file():
-            build_model(folder, self.cfg.model.preset, seed=seed)
-        return folder
+    @property
+    def model(self) -> nn.Module:
+        """The module this policy trains (shared with the other adapters of its base)."""
+        return self.shared.model
+
+    @property
+    def model_path(self) -> Path:
+        return self.shared.path
+
+    def parameters(self) -> list[nn.Parameter]:
+        return self.shared.parameters(self.policy_id)
+
+    def restart_version(self) -> None:
+        """Version 0 again: the warm start is over and RL begins from these weights."""
+        self.version = 0
+
+    def set_data_parallel(self, hooks: DataParallel | None) -> None:
+        self.data_parallel = hooks
 
     def _base_lm(self) -> nn.Module:
         return self.model.get_base_model() if self.is_lora else self.model
 
-    def _make_reference(self) -> nn.Module | None:
-        """Frozen copy for full-weight policies with KL on; LoRA policies disable the adapter."""
-        if not self.needs_reference or self.is_lora:
-            return None
-        ref = copy.deepcopy(self.model)
-        ref.requires_grad_(False)
-        return ref.eval()
-
     def reset_reference(self) -> None:
-        """Makes the current weights the reference (call after an SFT warm start).
-
-        Builds a frozen copy, also for LoRA policies, whose adapter is then part of the reference.
-        """
-        if self.needs_reference:
-            self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()
-            self.ref_is_warm_start = True
+        """Makes the current weights the reference (call after an SFT warm start): a frozen
+        snapshot ``"<policy>@ref"`` (an adapter for LoRA policies, CPU weights otherwise)."""
+        if not self.needs_reference:
+            return
+        if self.reference is not None:
+            self.shared.drop(self.reference)
+        self.reference = f"{self.policy_id}@ref"
+        self.shared.freeze(self.policy_id, self.reference, serve=False)
+        self.ref_is_warm_start = True
 
     @property
     def uses_reference(self) -> bool:
@@ -255,7 +212,17 @@ class HybridEngine:
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast("cpu", dtype=self.autocast_dtype)
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    @contextlib.contextmanager
+    def _training(self) -> Iterator[None]:
+        """Dropout on only where the config asks (``algorithm.train_dropout``)."""
+        if self.algo.train_dropout:
+            self.model.train()
+        try:
+            yield
+        finally:
+            self.model.eval()
 
     @property
     def pad_id(self) -> int:
@@ -268,20 +235,22 @@ class HybridEngine:
     # ------------------------------------------------------------------ rollout
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None
                  ) -> list[Completion]:
-        """Samples one response per prompt, in batches of ``rollout.batch_size``.
+        """Samples one response per prompt as this policy.
 
         Args:
             prompts: Token-id lists (non-empty).
             sampling: Overrides ``cfg.rollout.sampling`` (temperature 0 means greedy).
         """
-        return self.rollout.generate(prompts, sampling)
+        return self.shared.generate(prompts, sampling or self.cfg.rollout.sampling,
+                                    self.policy_id)
 
     # ------------------------------------------------------------------ forward passes
-    def _logits(self, model: nn.Module, batch: TrainBatch, scaled: bool = True) -> torch.Tensor:
+    def logits(self, model: nn.Module, batch: TrainBatch, scaled: bool = True) -> torch.Tensor:
         """[B, T, V] float logits, divided by the sampling temperature when ``scaled`` (so that
         log-probs match the distribution the rollout sampled from)."""
         with self._autocast():
-            out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            out = model(input_ids=batch.input_ids.to(self.device),
+                        attention_mask=batch.attention_mask.to(self.device))
         temp = (self.cfg.rollout.sampling.temperature or 1.0) if scaled else 1.0
         return out.logits.float() / temp
 
@@ -291,20 +260,20 @@ class HybridEngine:
         """[B, T] log-probs of ``batch.input_ids`` under the policy (or the reference), of the
         sampling distribution when ``scaled`` (logits / temperature), else of the model itself."""
         parts = []
+        name = (self.reference if reference else self.policy_id)
         for part in chunks(batch.size, self.cfg.micro_batch_size):
             mb = batch.select(part)
-            if reference and self.is_lora and self.ref_model is None:
-                with self.model.disable_adapter():
-                    logits = self._logits(self.model, mb, scaled)
-            else:
-                logits = self._logits(self.ref_model if reference else self.model, mb, scaled)
-            parts.append(shift_logprobs(logits, mb.input_ids))
+            with self.shared.using(name) as model:
+                logits = self.logits(model, mb, scaled)
+            parts.append(shift_logprobs(logits, mb.input_ids.to(self.device)).cpu())
+        self.shared.activate(self.policy_id)
         return torch.cat(parts) * batch.loss_mask
 
     @torch.no_grad()
     def values(self, batch: TrainBatch) -> torch.Tensor:
         assert self.critic is not None
-        parts = [self.critic(batch.input_ids[p], batch.attention_mask[p])
+        parts = [self.critic(batch.input_ids[p].to(self.device),
+                             batch.attention_mask[p].to(self.device)).cpu()
                  for p in chunks(batch.size, self.cfg.micro_batch_size)]
         return torch.cat(parts) * batch.loss_mask
 
@@ -333,7 +302,7 @@ class HybridEngine:
     def _policy_loss(self, mb: TrainBatch, n_tok: float, n_seq: float
                      ) -> tuple[torch.Tensor, dict[str, float]]:
         algo = self.algo
-        logits = self._logits(self.model, mb)
+        logits = self.logits(self.model, mb)
         logp = shift_logprobs(logits, mb.input_ids)
         token_loss, metrics = POLICY_LOSSES.get(algo.policy_loss)(
             logp, mb.old_logprobs, mb.advantages, mb.loss_mask, algo)
@@ -376,7 +345,7 @@ class HybridEngine:
         metrics: dict[str, list[float]] = defaultdict(list)
         total, finite = 0.0, True
         for part in chunks(local.size, self.cfg.micro_batch_size):
-            loss, m = loss_fn(local.select(part), n_tok, n_seq)
+            loss, m = loss_fn(local.select(part).to(self.device), n_tok, n_seq)
             if not torch.isfinite(loss):
                 finite = False
                 break
@@ -410,10 +379,9 @@ class HybridEngine:
         ``version`` and steps the LR schedule and KL controller once.
         """
         algo = self.algo
-        actor_params = [p for p in self.model.parameters() if p.requires_grad]
+        actor_params = self.parameters()  # also makes this policy's adapter the active one
         history: dict[str, list[float]] = defaultdict(list)
-        self.model.train()
-        try:
+        with self._training():
             for _ in range(algo.ppo_epochs):
                 order = (torch.randperm(batch.size, generator=self.shuffle_gen)
                          if algo.mini_batches > 1 else torch.arange(batch.size))
@@ -426,8 +394,6 @@ class HybridEngine:
                         for k, v in self.optimize(mb, self._critic_loss, self.critic_optimizer,
                                                   list(self.critic.parameters()), "critic").items():
                             history[k].append(v)
-        finally:
-            self.model.eval()
         metrics = {k: sum(v) / len(v) for k, v in history.items()}
         if self.data_parallel is not None:  # whole-batch values, the same on every replica
             metrics = self.data_parallel.reduce_metrics(metrics)
@@ -437,47 +403,75 @@ class HybridEngine:
         if self.uses_reference:
             self.kl_ctl.update(metrics.get("actor/kl", 0.0), batch.size)
         self.version += 1
-        return metrics | self._sync_rollout()
+        return metrics | self.sync_rollout()
 
-    def _sync_rollout(self) -> dict[str, float]:
-        """Pushes new weights into a separate rollout engine (vLLM); the HF rollout shares them."""
-        sync = getattr(self.rollout, "sync_from", None)
-        return {} if sync is None else {"timing_s/sync": float(sync(self))}
+    def sync_rollout(self) -> dict[str, float]:
+        """Pushes the current weights into a separate rollout engine (vLLM) in place; the HF
+        rollout shares them. Called after every update, and after a resume or a reset."""
+        seconds = self.shared.sync(self.policy_id, self.version)
+        return {"timing_s/sync": seconds} if self.shared.vllm is not None else {}
 
     def sft_update(self, batch: TrainBatch, optimizer: torch.optim.Optimizer) -> dict[str, float]:
-        """One supervised step: token-mean cross-entropy on ``loss_mask`` tokens."""
+        """One supervised step: token-mean cross-entropy on ``loss_mask`` tokens (dropout on, as
+        in ordinary fine-tuning)."""
 
         def loss_fn(mb: TrainBatch, n_tok: float, n_seq: float) -> tuple[torch.Tensor, dict]:
-            logp = shift_logprobs(self._logits(self.model, mb, scaled=False), mb.input_ids)
+            logp = shift_logprobs(self.logits(self.model, mb, scaled=False), mb.input_ids)
             return aggregate(sft_token_loss(logp, mb.loss_mask), mb.loss_mask, "token-mean",
                              n_tok, n_seq), {}
 
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = self.parameters()
         self.model.train()
         try:
             metrics = self.optimize(batch, loss_fn, optimizer, params, "sft")
         finally:
             self.model.eval()
         self.version += 1
-        return metrics | self._sync_rollout()
+        return metrics | self.sync_rollout()
+
+    def preference_update(self, batch: Any) -> dict[str, float]:
+        """One optimizer step of the policy's preference loss (dpo, ipo, kto, listwise).
+
+        Args:
+            batch: A :class:`~agentrt.preference.PreferenceBatch` whose ``ref_logps`` are set;
+                micro-batches and data-parallel shares never split an example.
+        """
+        algo = self.algo
+        loss = PREFERENCE_LOSSES.get(str(algo.preference_loss))
+
+        def loss_fn(mb: Any, n_tok: float, n_seq: float) -> tuple[torch.Tensor, dict]:
+            logits = self.logits(self.model, mb.seqs, scaled=False)
+            policy = sequence_logps(shift_logprobs(logits, mb.seqs.input_ids),
+                                    mb.seqs.loss_mask).cpu()
+            per_example, metrics = loss(policy, mb.ref_logps, mb.index, algo)
+            if algo.chosen_nll_coef:  # RPO: keeps the chosen answers likely (arXiv:2404.19733)
+                best = mb.index.desirable > 0
+                nll = -policy[best] / mb.seqs.loss_mask[best].sum(-1).cpu().clamp_min(1.0)
+                per_example = per_example + algo.chosen_nll_coef * group_mean(
+                    nll, mb.index.group[best], mb.index.num_groups)
+                metrics["pref/chosen_nll"] = float(nll.detach().mean()) if nll.numel() else 0.0
+            return per_example.sum() / n_seq, metrics
+
+        params = self.parameters()
+        with self._training():
+            metrics = self.optimize(batch, loss_fn, self.optimizer, params, "actor")
+        if self.data_parallel is not None:
+            metrics = self.data_parallel.reduce_metrics(metrics)
+        metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
+        metrics["pref/examples"] = float(batch.size)
+        self.scheduler.step()
+        self.version += 1
+        return metrics | self.sync_rollout()
 
     # ------------------------------------------------------------------ state
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """The weights that training changes (adapter only for LoRA policies)."""
-        if self.is_lora:
-            from peft import get_peft_model_state_dict
-
-            return {k: v.detach().clone() for k, v in get_peft_model_state_dict(
-                self.model, adapter_name=self.adapter_name).items()}
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return self.shared.weights(self.policy_id)
 
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
-        if self.is_lora:
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.model, state, adapter_name=self.adapter_name)
-        else:
-            self.model.load_state_dict(state)
+        """New weights for this policy (a resume, a league reset), pushed into the rollout."""
+        self.shared.load_weights(self.policy_id, state)
+        self.sync_rollout()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -494,12 +488,11 @@ class HybridEngine:
             "rae_state": self.rae_state.state_dict(),
             # A reference re-based on the warm-started weights cannot be rebuilt from the model
             # folder, so it travels with the checkpoint (None: it is the folder's weights).
-            "reference": (self.ref_model.state_dict()
-                          if self.ref_model is not None and self.ref_is_warm_start else None),
+            "reference": (self.shared.weights(self.reference)
+                          if self.reference is not None and self.ref_is_warm_start else None),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.load_trainable_state(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.critic is not None:
@@ -512,11 +505,15 @@ class HybridEngine:
         self.rae_state.load_state_dict(state["rae_state"])
         if state.get("reference") is not None:
             self.reset_reference()
-            self.ref_model.load_state_dict(state["reference"])
+            self.shared.load_weights(str(self.reference), state["reference"])
+        self.load_trainable_state(state["model"])  # last: syncs the rollout at this version
 
     def save_pretrained(self, folder: str | Path) -> Path:
         """Writes the policy in Hugging Face format (the adapter alone for LoRA policies)."""
         folder = Path(folder)
-        self.model.save_pretrained(folder)
+        if self.is_lora:
+            self.model.save_pretrained(folder, selected_adapters=[self.policy_id])
+        else:
+            self.model.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
         return folder

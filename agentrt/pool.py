@@ -19,7 +19,6 @@ every worker updates on its share of each mini-batch with gradients summed over 
 from __future__ import annotations
 
 import logging
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,9 +31,13 @@ from agentrt.config import PolicyConfig, ResourcesConfig, RuntimeConfig, Samplin
 from agentrt.engine import Completion, HybridEngine, advantages_from
 from agentrt.errors import AgentrtError
 from agentrt.types import Trajectory, collate
+from agentrt.weights import model_folder
 from agentrt.worker import PolicyWorker, gather_prepared, split_rows
 
 log = logging.getLogger(__name__)
+
+
+READ_ONLY = ("generate", "fill_reference", "preference_eval")
 
 
 class WorkerLost(AgentrtError):
@@ -46,12 +49,7 @@ def resolve_model(cfg: PolicyConfig, workdir: str | Path | None, seed: int) -> P
     workers load one folder instead of racing to build it."""
     if cfg.model.path is not None:
         return cfg
-    from agentrt.policies.models import build_model
-
-    base = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="agentrt-"))
-    folder = base / f"base_model_{cfg.model.preset}"
-    if not (folder / "config.json").is_file():
-        build_model(folder, cfg.model.preset, seed=seed)
+    folder = model_folder(cfg, workdir, seed)
     return cfg.model_copy(update={"model": cfg.model.model_copy(
         update={"path": str(folder), "preset": None})})
 
@@ -139,10 +137,36 @@ class BasePool:
         """Ends the warm start: drops the SFT optimizer; the policy's version restarts at 0."""
         self._run("end_sft", self._trainable(adapter))
 
+    def preference_step(self, examples: list[Any], pairs: str = "all",
+                        adapter: str | None = None) -> dict[str, float]:
+        """One preference-loss step (dpo, ipo, kto, listwise) on ``examples``; those without
+        reference log-probs get them from the policy's reference first."""
+        return self._run("preference_step", examples, pairs, self._trainable(adapter))
+
+    def fill_reference(self, examples: list[Any], adapter: str | None = None) -> list[Any]:
+        """``examples`` with reference log-probs of the policy as it stands now (offline data)."""
+        return self._run("fill_reference", examples, self._trainable(adapter))
+
+    def preference_eval(self, examples: list[Any], adapter: str | None = None
+                        ) -> dict[str, float]:
+        """Held-out preference accuracy and margin (from worker 0)."""
+        return self._run("preference_eval", examples, self._trainable(adapter))
+
     def snapshot(self, adapter: str, tag: str) -> str:
-        """Freezes LoRA policy ``adapter`` as a new adapter ``"<adapter>@<tag>"`` (returned),
-        which keeps its weights and version while the source trains on."""
+        """Freezes policy ``adapter`` as ``"<adapter>@<tag>"`` (returned), which keeps its
+        weights and version while the source trains on: one more adapter for LoRA policies,
+        a CPU copy of the weights for full-weight ones."""
         return self._run("snapshot", self._trainable(adapter), str(tag))
+
+    def drop_snapshot(self, name: str) -> None:
+        """Frees a snapshot (it left the league)."""
+        if name in self.policies:
+            raise ValueError(f"{name!r} is a policy, not a snapshot")
+        self._run("drop_snapshot", self._name(name))
+
+    def reset_to(self, adapter: str, snapshot: str) -> None:
+        """Loads ``snapshot``'s weights into policy ``adapter`` (a league exploiter's reset)."""
+        self._run("reset_to", self._trainable(adapter), self._name(snapshot))
 
     def weights(self, adapter: str | None = None) -> dict[str, torch.Tensor]:
         """Trainable weights of a policy or snapshot, from worker 0 (adapter only for LoRA)."""
@@ -222,6 +246,29 @@ class BasePool:
         self.versions[snap] = self.versions[name]
         return snap
 
+    def _drop_snapshot(self, name: str) -> None:
+        self._call("drop_snapshot", name)
+        del self.versions[name]
+
+    def _reset_to(self, name: str, snapshot: str) -> None:
+        self._call("reset_to", name, snapshot)
+
+    def _preference_step(self, examples: list[Any], pairs: str, name: str) -> dict[str, float]:
+        start = time.perf_counter()
+        if self.num_workers > 1 and len(examples) < self.num_workers:
+            raise ValueError(f"policy {name!r}: {len(examples)} preference examples for "
+                             f"{self.num_workers} workers; train on more examples")
+        metrics = self._call("preference_step", self._put(examples), pairs, name)[0]
+        metrics["timing_s/update"] = time.perf_counter() - start
+        self.versions[name] += 1
+        return metrics
+
+    def _fill_reference(self, examples: list[Any], name: str) -> list[Any]:
+        return self._call_each("fill_reference", [(examples, name)])[0]
+
+    def _preference_eval(self, examples: list[Any], name: str) -> dict[str, float]:
+        return self._call_each("preference_eval", [(examples, name)])[0]
+
     def _check_split(self, size: int, mini_batches: int, name: str) -> None:
         """Every worker needs >= 1 row of every mini-batch (same shapes in every collective)."""
         width = -(-size // mini_batches)  # the engine's mini-batch size, ceil(size / mini_batches)
@@ -239,6 +286,8 @@ class BasePool:
             self.rae[name] = RAEState.for_algorithm(self.policies[name].algorithm)
             self.rae[name].load_state_dict(eng_state["rae_state"])
             self.versions[name] = int(eng_state["version"])
+        for name in [n for n in self.versions if n not in self.policies]:
+            del self.versions[name]
         for name, snap in state["snapshots"].items():
             self.versions[name] = int(snap["version"])
 
@@ -271,6 +320,10 @@ class LocalPool(BasePool):
 
     def _call_each(self, method: str, args: list[tuple]) -> list[Any]:
         return [getattr(self.worker, method)(*a) for a in args]
+
+    def shutdown(self) -> None:
+        """Stops the worker's rollout engine (vLLM)."""
+        self.worker.close()
 
 
 def ensure_ray(runtime: RuntimeConfig | None = None) -> bool:
@@ -447,7 +500,7 @@ class PolicyPool(BasePool):
                     if attempt == self.max_recoveries:
                         raise
                     self._recover(exc)
-            if op != "generate":  # everything else changes state: replayed after a failure
+            if op not in READ_ONLY:  # everything else changes state: replayed after a failure
                 self._journal.append((op, args))
             if op == "train":
                 out["runtime/worker_restarts"] = float(self.worker_restarts)

@@ -176,6 +176,14 @@ class TrainBatch:
                 out[name] = value
         return TrainBatch(**out)
 
+    def to(self, device: torch.device) -> TrainBatch:
+        """Every tensor field on ``device`` (the same object when it is there already)."""
+        if self.input_ids.device == device:
+            return self
+        return TrainBatch(**{name: value.to(device) if isinstance(value, torch.Tensor) else value
+                             for name in self.__dataclass_fields__
+                             for value in [getattr(self, name)]})
+
 
 def collate(trajs: list[Trajectory], pad_id: int = 0) -> TrainBatch:
     """Pads trajectories into a :class:`TrainBatch` (right padding, loss only on generated ids)."""

@@ -15,7 +15,6 @@ takes the identical step.
 
 from __future__ import annotations
 
-import copy
 import datetime
 import os
 import socket
@@ -26,18 +25,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from agentrt.algos import KL_CONTROLLERS, RAEState
 from agentrt.config import PolicyConfig, SamplingConfig, SFTConfig
-from agentrt.engine import (
-    Completion,
-    HybridEngine,
-    ValueModel,
-    is_share_metric,
-    make_optimizer,
-    make_scheduler,
-)
+from agentrt.engine import Completion, HybridEngine, is_share_metric
+from agentrt.optim import make_scheduler
 from agentrt.types import TrainBatch
-
+from agentrt.weights import SharedModel
 
 
 def split_rows(n: int, parts: int) -> list[slice]:
@@ -89,40 +81,6 @@ class GlooDataParallel:
                 for k, v in zip(keys, values.tolist())}
 
 
-def _peft_config(cfg: PolicyConfig) -> Any:
-    from peft import LoraConfig as PeftLoraConfig
-
-    return PeftLoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                          target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
-
-
-def share_base(base: HybridEngine, cfg: PolicyConfig, seed: int, total_steps: int
-               ) -> HybridEngine:
-    """Another LoRA policy on ``base``'s model: a new named adapter with its own optimizer,
-    schedule, KL controller, shuffling and RAE state (mirrors ``HybridEngine.__init__``)."""
-    if not (base.is_lora and cfg.lora.enabled):
-        raise ValueError(f"policy {cfg.id!r}: several policies share a pool only as LoRA adapters "
-                         "on one base (lora.enabled: true); give full-weight policies own pools")
-    eng = copy.copy(base)  # shares model, tokenizer and rollout; generate passes its sampling
-    eng.cfg, eng.policy_id, eng.algo, eng.version = cfg, cfg.id, cfg.algorithm, 0
-    eng.adapter_name = cfg.id
-    torch.manual_seed(seed)
-    eng.model.add_adapter(cfg.id, _peft_config(cfg))
-    eng.model.set_adapter(cfg.id)  # only this adapter's weights require grad now
-    eng.ref_model = None  # LoRA: the reference is the base with adapters disabled
-    eng.critic = ValueModel(eng._base_lm()) if eng.algo.critic else None
-    params = [p for p in eng.model.parameters() if p.requires_grad]
-    eng.optimizer = make_optimizer(params, cfg.optim)
-    eng.scheduler = make_scheduler(eng.optimizer, cfg.optim, total_steps)
-    eng.critic_optimizer = (make_optimizer(list(eng.critic.parameters()), cfg.optim,
-                                           lr=eng.algo.critic_lr) if eng.critic else None)
-    eng.kl_ctl = KL_CONTROLLERS.get(eng.algo.kl.controller)(eng.algo.kl)
-    eng.shuffle_gen = torch.Generator().manual_seed(seed)
-    eng.skipped_steps = 0
-    eng.rae_state = RAEState.for_algorithm(eng.algo)
-    return eng
-
-
 @dataclass
 class Prepared:
     """What a worker sends back from ``prepare`` for its rows of the batch ([rows, T] each)."""
@@ -151,35 +109,42 @@ def gather_prepared(batch: TrainBatch, prepared: list[Prepared]) -> dict[str, fl
 
 
 class PolicyWorker:
-    """One replica: a hybrid engine per policy, LoRA policies sharing one base model.
+    """One replica: a shared model with a learner (:class:`HybridEngine`) per policy.
+
+    Several policies in one worker are LoRA adapters on one base; frozen snapshots are adapters
+    (LoRA) or CPU weights (full weights) on the same :class:`~agentrt.weights.SharedModel`.
 
     Args:
         policies: Policy configs (model.path set); two or more must all be LoRA on one base.
         seed: Seeds initialisation (policy ``i`` of a shared base uses ``seed + i``).
         total_steps: Steps the LR schedules span.
         threads: torch intra-op threads (None keeps torch's default).
+        workdir: Where a preset model is built.
     """
 
     def __init__(self, policies: list[PolicyConfig], seed: int = 0, total_steps: int = 1000,
                  threads: int | None = None, workdir: str | None = None) -> None:
         if threads:
             torch.set_num_threads(threads)
-        first = HybridEngine(policies[0], seed=seed, workdir=workdir, total_steps=total_steps)
-        self.engines: dict[str, HybridEngine] = {policies[0].id: first}
-        for i, cfg in enumerate(policies[1:], start=1):
-            if cfg.id in self.engines:
-                raise ValueError(f"two policies named {cfg.id!r} in one pool")
-            self.engines[cfg.id] = share_base(first, cfg, seed + i, total_steps)
-        self.snapshots: dict[str, HybridEngine] = {}
+        ids = [p.id for p in policies]
+        if len(set(ids)) < len(ids):
+            raise ValueError(f"two policies with one name in one pool: {ids}")
+        self.shared = SharedModel(policies[0], seed=seed, workdir=workdir)
+        self.engines: dict[str, HybridEngine] = {}
+        for i, cfg in enumerate(policies):
+            self.engines[cfg.id] = HybridEngine(cfg, seed=seed + i, total_steps=total_steps,
+                                                shared=self.shared)
+        self.snapshots: dict[str, int] = {}  # snapshot name -> version of its source
         self.sft_state: dict[str, tuple[torch.optim.Optimizer, Any]] = {}
         self.dp: GlooDataParallel | None = None
 
     # ------------------------------------------------------------------ set-up
     def info(self) -> dict[str, Any]:
         """Process id (fault tests kill it), node, token ids and versions."""
-        eng = next(iter(self.engines.values()))
-        return {"pid": os.getpid(), "host": socket.gethostname(), "pad_id": eng.pad_id,
-                "eos_id": eng.eos_id, "versions": self.versions()}
+        tok = self.shared.tokenizer
+        return {"pid": os.getpid(), "host": socket.gethostname(),
+                "pad_id": int(tok.pad_token_id), "eos_id": int(tok.eos_token_id),
+                "versions": self.versions()}
 
     def rendezvous_address(self) -> tuple[str, int]:
         """An address and free port of this node for the process group's TCP store."""
@@ -191,41 +156,44 @@ class PolicyWorker:
 
     def init_data_parallel(self, address: str, port: int, rank: int, world: int,
                            timeout_s: float = 300.0) -> None:
-        """Joins the pool's gloo process group and installs the engines' data-parallel hooks."""
-        dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank,
+        """Joins the pool's process group (gloo on CPU, NCCL on GPU) and installs the
+        learners' data-parallel hooks."""
+        backend = "nccl" if self.shared.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
         self.dp = GlooDataParallel(rank, world)
         for eng in self.engines.values():
-            eng.data_parallel = self.dp
+            eng.set_data_parallel(self.dp)
 
     def versions(self) -> dict[str, int]:
-        return {k: e.version for k, e in {**self.engines, **self.snapshots}.items()}
+        return {**{k: e.version for k, e in self.engines.items()}, **self.snapshots}
 
-    def _engine(self, name: str | None, trainable: bool = False) -> HybridEngine:
-        """The policy (or snapshot) ``name``, its adapter made the active one."""
+    def _engine(self, name: str | None) -> HybridEngine:
+        """The learner of policy ``name`` (the only one when None)."""
         if name is None:
             if len(self.engines) != 1:
                 raise ValueError(f"this pool hosts {sorted(self.engines)}; name the adapter")
             name = next(iter(self.engines))
-        eng = self.engines.get(name) or self.snapshots.get(name)
-        if eng is None:
+        if name in self.snapshots:
+            raise ValueError(f"{name!r} is a frozen snapshot; train its source policy instead")
+        if name not in self.engines:
             raise KeyError(f"no policy or snapshot {name!r} here; have "
                            f"{sorted(self.engines) + sorted(self.snapshots)}")
-        if trainable and name in self.snapshots:
-            raise ValueError(f"{name!r} is a frozen snapshot; train its source policy instead")
-        if eng.is_lora:
-            eng.model.set_adapter(eng.adapter_name)
-        return eng
+        return self.engines[name]
 
     # ------------------------------------------------------------------ rollout and training
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None,
                  adapter: str | None = None) -> list[Completion]:
-        eng = self._engine(adapter)
-        return eng.generate(prompts, sampling or eng.cfg.rollout.sampling)
+        """Completions as policy or snapshot ``adapter`` (its source's sampling by default)."""
+        if adapter in self.snapshots:
+            source = self.engines[adapter.split("@")[0]]
+            return self.shared.generate(prompts, sampling or source.cfg.rollout.sampling,
+                                        adapter)
+        return self._engine(adapter).generate(prompts, sampling)
 
     def prepare(self, batch: TrainBatch, rows: slice, adapter: str | None = None) -> Prepared:
         """Old (and reference) log-probs and values of ``rows`` of the whole batch."""
-        eng = self._engine(adapter, trainable=True)
+        eng = self._engine(adapter)
         shard = batch.select(rows)
         metrics = eng.prepare(shard)
         return Prepared(shard.old_logprobs, shard.ref_logprobs, shard.values, metrics,
@@ -233,15 +201,40 @@ class PolicyWorker:
 
     def update(self, batch: TrainBatch, adapter: str | None = None) -> dict[str, float]:
         """The engine's update on the whole batch (advantages filled); this replica's rows."""
-        return self._engine(adapter, trainable=True).update(batch)
+        return self._engine(adapter).update(batch)
+
+    def preference_step(self, examples: list[Any], pairs: str = "all",
+                        adapter: str | None = None) -> dict[str, float]:
+        """One preference step on ``examples``; missing reference log-probs are computed here
+        first (the same on every replica)."""
+        from agentrt.preference import fill_reference, make_batch
+
+        eng = self._engine(adapter)
+        missing = [ex for ex in examples if ex.ref_logps is None]
+        if missing:
+            fill_reference(eng, missing, reference=True)
+        return eng.preference_update(make_batch(examples, eng.pad_id, pairs))
+
+    def fill_reference(self, examples: list[Any], adapter: str | None = None) -> list[Any]:
+        """``examples`` with their reference log-probs: the policy as it stands now."""
+        from agentrt.preference import fill_reference
+
+        fill_reference(self._engine(adapter), examples)
+        return examples
+
+    def preference_eval(self, examples: list[Any], adapter: str | None = None
+                        ) -> dict[str, float]:
+        from agentrt.preference import preference_eval
+
+        return preference_eval(self._engine(adapter), examples)
 
     def sft_step(self, batch: TrainBatch, sft: SFTConfig, adapter: str | None = None
                  ) -> dict[str, float]:
-        """One supervised step; the first call builds the SFT optimizer like ``Trainer.sft``."""
-        eng = self._engine(adapter, trainable=True)
+        """One supervised step; the first call builds the SFT optimizer (constant LR after
+        ``sft.warmup_steps``)."""
+        eng = self._engine(adapter)
         if eng.policy_id not in self.sft_state:
-            params = [p for p in eng.model.parameters() if p.requires_grad]
-            opt = torch.optim.AdamW(params, lr=sft.lr, betas=eng.cfg.optim.betas)
+            opt = torch.optim.AdamW(eng.parameters(), lr=sft.lr, betas=eng.cfg.optim.betas)
             sched = make_scheduler(opt, eng.cfg.optim.model_copy(
                 update={"warmup_steps": sft.warmup_steps, "schedule": "constant"}), sft.steps)
             self.sft_state[eng.policy_id] = (opt, sched)
@@ -252,26 +245,32 @@ class PolicyWorker:
 
     def end_sft(self, adapter: str | None = None) -> None:
         """Drops the SFT optimizer; RL starts from version 0 of the warm-started policy."""
-        eng = self._engine(adapter, trainable=True)
+        eng = self._engine(adapter)
         self.sft_state.pop(eng.policy_id, None)
-        eng.version = 0
+        eng.restart_version()
         eng.reset_reference()  # KL is measured against the warm-started policy, not the base
 
+    # ------------------------------------------------------------------ snapshots
     def snapshot(self, adapter: str, tag: str) -> str:
-        """Freezes a copy of LoRA policy ``adapter`` as the adapter ``"<adapter>@<tag>"``."""
-        src = self._engine(adapter, trainable=True)
+        """Freezes policy ``adapter`` as ``"<adapter>@<tag>"``: an adapter for LoRA policies,
+        CPU weights for full-weight ones."""
+        src = self._engine(adapter)
         name = f"{src.policy_id}@{tag}"
-        if not src.is_lora:
-            raise ValueError(f"{adapter!r} has full weights; snapshots are LoRA adapter copies "
-                             "(load a checkpoint of it into its own pool instead)")
-        if name in self.snapshots or name in self.engines:
-            raise ValueError(f"snapshot {name!r} exists; pick another tag")
-        snap = copy.copy(src)  # frozen view: shares model and tokenizer, own adapter and version
-        snap.adapter_name, snap.policy_id = name, name
-        snap.model.add_adapter(name, _peft_config(src.cfg))
-        snap.load_trainable_state(src.trainable_state())
-        self.snapshots[name] = snap
+        self.shared.freeze(src.policy_id, name)
+        self.snapshots[name] = src.version
         return name
+
+    def drop_snapshot(self, name: str) -> None:
+        """Frees a snapshot that left the league."""
+        if name not in self.snapshots:
+            raise KeyError(f"no snapshot {name!r} here; have {sorted(self.snapshots)}")
+        self.shared.drop(name)
+        del self.snapshots[name]
+
+    def reset_to(self, adapter: str, snapshot: str) -> None:
+        """Loads ``snapshot``'s weights into policy ``adapter`` (league exploiter reset); the
+        optimizer keeps its state, the version goes on counting."""
+        self._engine(adapter).load_trainable_state(self.shared.weights(snapshot))
 
     # ------------------------------------------------------------------ state
     def state_dict(self, full: bool = True) -> dict[str, Any]:
@@ -282,20 +281,24 @@ class PolicyWorker:
         return {
             "policies": {k: e.state_dict() for k, e in self.engines.items()},
             "snapshots": {k: {"source": k.split("@")[0], "tag": k.split("@", 1)[1],
-                              "version": e.version, "weights": e.trainable_state()}
-                          for k, e in self.snapshots.items()},
+                              "version": v, "weights": self.shared.weights(k)}
+                          for k, v in self.snapshots.items()},
             "rng": torch.get_rng_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any], rank: int = 0) -> None:
-        """Restores ``state``; ``state["rng"]`` may be one RNG state or a list (one per rank)."""
-        for name, eng_state in state["policies"].items():
-            self.engines[name].load_state_dict(eng_state)
+        """Restores ``state`` (snapshots not in it are dropped); ``state["rng"]`` may be one
+        RNG state or a list (one per rank)."""
+        for name in [n for n in self.snapshots if n not in state["snapshots"]]:
+            self.drop_snapshot(name)
         for name, snap in state["snapshots"].items():
             if name not in self.snapshots:
                 self.snapshot(snap["source"], snap["tag"])
-            self.snapshots[name].load_trainable_state(snap["weights"])
-            self.snapshots[name].version = int(snap["version"])
+            self.shared.load_weights(name, snap["weights"])
+            self.shared.sync(name, int(snap["version"]))
+            self.snapshots[name] = int(snap["version"])
+        for name, eng_state in state["policies"].items():
+            self.engines[name].load_state_dict(eng_state)
         rng = state.get("rng")
         if isinstance(rng, list):
             rng = rng[rank % len(rng)] if rng else None
@@ -303,7 +306,13 @@ class PolicyWorker:
             torch.set_rng_state(rng)
 
     def trainable_state(self, adapter: str | None = None) -> dict[str, torch.Tensor]:
+        if adapter in self.snapshots:
+            return self.shared.weights(adapter)
         return self._engine(adapter).trainable_state()
 
     def save_pretrained(self, folder: str, adapter: str | None = None) -> str:
         return str(self._engine(adapter).save_pretrained(folder))
+
+    def close(self) -> None:
+        """Stops the rollout engine (vLLM) of this worker."""
+        self.shared.close()

@@ -61,7 +61,7 @@ def test_lora_reference_is_the_base_with_adapter_disabled(tiny_model_dir):
     algo = AlgorithmConfig(kl={"coef": 0.1})
     eng = make_engine(tiny_model_dir, lora=LoraConfig(enabled=True), algorithm=algo,
                       optim={"lr": 1e-2})
-    assert eng.ref_model is None
+    assert eng.reference is None
     base_before = {k: v.clone() for k, v in eng.model.named_parameters() if "lora" not in k}
     batch, _ = rollout_batch(eng)
     eng.prepare(batch)

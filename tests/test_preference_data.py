@@ -248,7 +248,7 @@ def test_tournament_pairs_train_an_online_dpo_engine(tiny_model_dir):
     cfg = PolicyConfig(model={"path": str(tiny_model_dir)}, optim={"lr": 1e-3},
                        algorithm={"name": "dpo", "online": True, "beta": 0.5})
     eng = HybridEngine(cfg, seed=0)
-    assert eng.needs_reference and eng.ref_model is not None
+    assert eng.needs_reference and eng.reference is not None
     w = Trajectory([turn([1, 10], [20, 2]), turn([1, 10, 20, 2, 30], [21, 2])],
                    episode_id="m", outcome=1.0)
     lo = Trajectory([turn([1, 11], [25, 2]), turn([1, 11, 25, 2, 31], [26, 2])],

@@ -315,7 +315,7 @@ class VLLMRollout:
         if name in self.adapters:
             self.update_adapter(name, state, version=engine.version)
         else:
-            self.add_adapter(name, state, engine.model.peft_config["default"], engine.version)
+            self.add_adapter(name, state, engine.model.peft_config[name], engine.version)
         elapsed = time.perf_counter() - start
         self.sync_seconds.append(elapsed)
         return elapsed

@@ -15,7 +15,7 @@ def test_engine_with_vllm_backend_syncs_after_every_update(tiny_model_dir):
         backend="vllm", sampling=cfg.rollout.sampling, vllm=cfg.rollout.vllm)})
     engine = HybridEngine(cfg, seed=0)
     try:
-        assert type(engine.rollout).__name__ == "VLLMRollout"
+        assert type(engine.shared.vllm).__name__ == "VLLMRollout"
         hf = HFRollout(engine.model, engine.tokenizer, cfg.rollout.sampling)
         prompts = make_prompts(16, seed=3)
         greedy = SamplingConfig(temperature=0.0, max_new_tokens=8)
@@ -28,4 +28,4 @@ def test_engine_with_vllm_backend_syncs_after_every_update(tiny_model_dir):
         assert after == [c.response_ids for c in hf.generate(prompts, greedy)]
         assert after != before  # training changed the policy, and vLLM serves the new weights
     finally:
-        engine.rollout.close()
+        engine.shared.close()

@@ -1,0 +1,239 @@
+"""One base model shared by every policy and frozen snapshot that runs on it.
+
+A :class:`SharedModel` holds the base model (plain, or peft-wrapped with one named adapter per
+LoRA policy), its tokenizer, and the rollout backend that serves it: HF ``generate`` over the
+very module that trains, or one vLLM engine that serves every adapter of the base, routed per
+request. It is the "model and weights" part of the hybrid engine; the learner of each policy
+(:class:`~agentrt.engine.HybridEngine`) trains through it and never touches the module's
+adapters or the rollout directly.
+
+Frozen snapshots (league opponents, the KL reference after a warm start):
+
+- LoRA policies: a snapshot is one more adapter on the base (``"<policy>@<tag>"``): fifty past
+  selves cost fifty adapters, not fifty models. vLLM serves it like any adapter.
+- Full-weight policies: a snapshot is a CPU copy of the weights (one model's parameter bytes
+  each, no module, no optimizer, no rollout). Generating with it swaps the tensors into the live
+  module by pointer for the duration of the call (no copy) and restores them after; this runs on
+  HF generate also when the policy's own rollout is vLLM. See docs/runtime.md for the costs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from agentrt.config import PolicyConfig, SamplingConfig
+from agentrt.policies.models import build_model, load_model
+from agentrt.rollout.hf import Completion, HFRollout
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when a GPU is visible, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from agentrt.errors import ConfigError
+
+        raise ConfigError("model.device is 'cuda' but torch sees no GPU; set model.device: cpu "
+                          "or auto")
+    return torch.device(name)
+
+
+def model_folder(cfg: PolicyConfig, workdir: str | Path | None, seed: int) -> Path:
+    """The policy's model folder: ``model.path``, or a preset built once under ``workdir``."""
+    if cfg.model.path is not None:
+        return Path(cfg.model.path)
+    base = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="agentrt-"))
+    folder = base / f"base_model_{cfg.model.preset}"
+    if not (folder / "config.json").is_file():
+        build_model(folder, cfg.model.preset, seed=seed)
+    return folder
+
+
+def peft_config(cfg: PolicyConfig) -> Any:
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                          target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
+
+
+@contextlib.contextmanager
+def swapped_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Runs the block with ``weights`` in ``model`` by pointer (no copy), then puts them back."""
+    live = model.state_dict(keep_vars=True)
+    saved = {k: live[k].data for k in weights}
+    try:
+        for k, w in weights.items():
+            live[k].data = w
+        yield
+    finally:
+        for k, data in saved.items():
+            live[k].data = data
+
+
+class SharedModel:
+    """A base model, its tokenizer and rollout, hosting policies and snapshots by name.
+
+    Args:
+        cfg: The first policy's config (model, LoRA on/off, rollout backend).
+        seed: Seeds the first adapter's initialisation and the vLLM engine.
+        workdir: Where a preset model is built.
+    """
+
+    def __init__(self, cfg: PolicyConfig, seed: int = 0, workdir: str | Path | None = None
+                 ) -> None:
+        self.cfg = cfg
+        self.path = model_folder(cfg, workdir, seed)
+        self.device = resolve_device(cfg.model.device)
+        self.autocast_dtype = torch.bfloat16 if cfg.model.dtype == "bf16" else None
+        torch.manual_seed(seed)
+        model, self.tokenizer = load_model(self.path)
+        self.is_lora = cfg.lora.enabled
+        if self.is_lora:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, peft_config(cfg), adapter_name=cfg.id)
+        self.model = model.to(self.device).eval()  # dropout off unless a learner asks for it
+        self.hf = HFRollout(self.model, self.tokenizer, cfg.rollout.sampling,
+                            cfg.rollout.batch_size, self.autocast_dtype)
+        self.adapters: dict[str, PolicyConfig] = {cfg.id: cfg}  # trainable policies
+        self.frozen: dict[str, dict[str, torch.Tensor]] = {}  # full-weight snapshots (CPU)
+        self.frozen_adapters: set[str] = set()  # LoRA snapshots (adapters, no grad)
+        self.vllm: Any = None
+        if cfg.rollout.backend == "vllm":
+            from agentrt.rollout.vllm_backend import VLLMRollout
+
+            self.vllm = VLLMRollout(self.path, cfg.rollout.vllm,
+                                    dtype="bfloat16" if cfg.model.dtype == "bf16" else "float32",
+                                    lora_rank=cfg.lora.r if self.is_lora else None, seed=seed,
+                                    sampling=cfg.rollout.sampling)
+
+    # ------------------------------------------------------------------ names
+    def names(self) -> list[str]:
+        return [*self.adapters, *self.frozen, *self.frozen_adapters]
+
+    def add_policy(self, cfg: PolicyConfig, seed: int) -> None:
+        """Another trainable LoRA policy on this base: a new named adapter."""
+        if not (self.is_lora and cfg.lora.enabled):
+            raise ValueError(f"policy {cfg.id!r}: several policies share a base only as LoRA "
+                             "adapters (lora.enabled: true); give full-weight policies own pools")
+        if cfg.id in self.names():
+            raise ValueError(f"two policies named {cfg.id!r} on one base")
+        torch.manual_seed(seed)
+        self.model.add_adapter(cfg.id, peft_config(cfg))
+        self.adapters[cfg.id] = cfg
+
+    def activate(self, name: str) -> None:
+        """Makes ``name`` the adapter forward passes use (and the only one requiring grad)."""
+        if self.is_lora and name not in self.frozen:
+            self.model.set_adapter(name)
+            if name in self.frozen_adapters:
+                self.model.requires_grad_(False)
+
+    def parameters(self, name: str) -> list[nn.Parameter]:
+        """The parameters that training ``name`` changes."""
+        self.activate(name)
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def using(self, name: str | None) -> Iterator[nn.Module]:
+        """The module computing as ``name`` (a policy or snapshot; None: the bare base model)."""
+        if name is None:
+            if not self.is_lora:
+                raise ValueError("a full-weight model has no base without adapters")
+            with self.model.disable_adapter():
+                yield self.model
+        elif name in self.frozen:
+            with swapped_weights(self.model, self.frozen[name]):
+                yield self.model
+        else:
+            self.activate(name)
+            yield self.model
+
+    # ------------------------------------------------------------------ weights
+    def weights(self, name: str) -> dict[str, torch.Tensor]:
+        """A detached copy of what training changes (the adapter alone for LoRA)."""
+        if name in self.frozen:
+            return {k: v.clone() for k, v in self.frozen[name].items()}
+        if self.is_lora:
+            from peft import get_peft_model_state_dict
+
+            return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(
+                self.model, adapter_name=name).items()}
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def load_weights(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        if name in self.frozen:
+            self.frozen[name] = {k: v.detach().cpu().clone() for k, v in state.items()}
+        elif self.is_lora:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, state, adapter_name=name)
+        else:
+            self.model.load_state_dict(state)
+
+    def freeze(self, source: str, name: str, serve: bool = True) -> None:
+        """Freezes ``source``'s current weights as snapshot ``name`` (``serve``: also register it
+        with the vLLM engine, for snapshots that play; a KL reference never generates)."""
+        if name in self.names():
+            raise ValueError(f"snapshot {name!r} exists; pick another tag")
+        state = self.weights(source)
+        if self.is_lora:
+            self.model.add_adapter(name, peft_config(self.adapters[source]))
+            self.frozen_adapters.add(name)
+            self.load_weights(name, state)
+            self.activate(source)  # add_adapter leaves the new one trainable
+        else:
+            self.frozen[name] = state
+        if serve:
+            self.sync(name, 0)
+
+    def drop(self, name: str) -> None:
+        """Frees a snapshot (its adapter, or its weights)."""
+        if name in self.frozen:
+            del self.frozen[name]
+            return
+        if name not in self.frozen_adapters:
+            raise KeyError(f"{name!r} is not a snapshot here")
+        active = next(iter(self.adapters))
+        self.model.set_adapter(active)
+        self.model.delete_adapter(name)
+        self.frozen_adapters.discard(name)
+        if self.vllm is not None and name in self.vllm.adapters:
+            self.vllm.remove_adapter(name)
+
+    def sync(self, name: str, version: int) -> float:
+        """Pushes ``name``'s current weights into the vLLM engine (HF shares them already);
+        returns the seconds it took."""
+        if self.vllm is None or name in self.frozen:
+            return 0.0
+        if not self.is_lora:
+            return float(self.vllm.sync_weights(self.model.state_dict(), version))
+        cfg = self.adapters.get(name) or next(iter(self.adapters.values()))
+        t0 = time.perf_counter()
+        state = self.weights(name)
+        if name in self.vllm.adapters:
+            self.vllm.update_adapter(name, state, version=version)
+        else:
+            self.vllm.add_adapter(name, state, peft_config(cfg), version)
+        return time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ rollout
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None, name: str
+                 ) -> list[Completion]:
+        """One completion per prompt as policy (or snapshot) ``name``."""
+        if self.vllm is not None and name not in self.frozen:
+            return self.vllm.generate(prompts, sampling, adapters=name if self.is_lora else None)
+        with self.using(name):
+            return self.hf.generate(prompts, sampling)
+
+    def close(self) -> None:
+        if self.vllm is not None:
+            self.vllm.close()
+            self.vllm = None
