@@ -1,20 +1,44 @@
-"""The driver-side controller: one object that runs a run's calls over any number of pools.
+"""The controller: hosts every policy in a pool and runs the one training loop of every command.
 
-Calls to different pools run at once (one driver thread per pool; each thread only submits Ray
-calls and waits, so the GIL is not the limit); the policies of one pool (LoRA adapters on one
-base) take their turn inside that pool. A single-policy run is this with one pool.
+One iteration of :meth:`Controller.run` (DESIGN.md, "Data flow of one iteration")::
+
+    specs   = workload.next_episodes(step)        # 1. prompts, matches, subtask chains ...
+    played  = runner.run(specs)                   # 2-3. all episodes at once, batched per policy
+    metrics = workload.record(played, step)       # 4. ratings, league, memory writes
+    for pid, data in workload.training_data(played):
+        metrics |= self.learn(pid, data)          # 5. each learner's objective (RL/preference)
+                                                  # 6. weights synced into the rollout in place
+    workload.after_step(self, step)               # snapshots, resets
+    evaluate / log / checkpoint                   # 7.
+
+A workload is the *scheduler* of a command (``agentrt train``: prompts of a task or data set;
+``agentrt tournament run``: matches); what a policy does with its data is its *objective*
+(:mod:`agentrt.objectives`). Nothing trains, generates or checkpoints outside this loop.
+
+Pools: LoRA policies on one base share one pool (one base model, one rollout engine; snapshots
+are adapters on it); a full-weight policy gets its own. ``runtime.backend`` picks in-process
+pools or Ray actors for all of them.
 """
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
+
+import torch
 
 from agentrt.config import PolicyConfig, RuntimeConfig, SamplingConfig
 from agentrt.engine import Completion
+from agentrt.objectives import learn
+from agentrt.plot import plot_metrics
 from agentrt.pool import BasePool, LocalPool, PolicyPool
-from agentrt.types import Trajectory
+from agentrt.progress import StepProgress
+from agentrt.run import RunDir, Timer, load_checkpoint, rng_state, set_rng_state
+from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunnerConfig, RunResult
+
+log = logging.getLogger(__name__)
 
 
 def make_pool(policies: PolicyConfig | list[PolicyConfig], runtime: RuntimeConfig,
@@ -27,62 +51,254 @@ def make_pool(policies: PolicyConfig | list[PolicyConfig], runtime: RuntimeConfi
     return LocalPool(policies, seed=seed, total_steps=total_steps, workdir=workdir)
 
 
+def base_key(cfg: PolicyConfig) -> tuple:
+    """Policies with equal keys share one pool: LoRA adapters on the same base model, dtype,
+    device and rollout backend. Full-weight policies never share."""
+    if not cfg.lora.enabled:
+        return ("full", cfg.id)
+    m = cfg.model
+    return ("lora", m.path, m.preset, m.dtype, m.device, cfg.rollout.backend, cfg.lora.r)
+
+
+def group_policies(policies: list[PolicyConfig]) -> list[list[PolicyConfig]]:
+    """The run's pools: policies grouped by :func:`base_key`, in config order."""
+    groups: dict[tuple, list[PolicyConfig]] = {}
+    for p in policies:
+        groups.setdefault(base_key(p), []).append(p)
+    return list(groups.values())
+
+
+class PolicyHandle:
+    """One policy or snapshot in its pool, as an :class:`~agentrt.policies.lm.LMPolicy` drives
+    it: ``policy_id``, ``version``, ``tokenizer``, ``cfg`` and ``generate``."""
+
+    def __init__(self, pool: BasePool, key: str, cfg: PolicyConfig) -> None:
+        self.pool, self.policy_id, self.cfg = pool, key, cfg
+        self.tokenizer = pool.tokenizer
+
+    @property
+    def version(self) -> int:
+        return self.pool.version_of(self.policy_id)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None
+                 ) -> list[Completion]:
+        return self.pool.generate(prompts, sampling, adapter=self.policy_id)
+
+
+class Workload(Protocol):
+    """What a command plugs into the controller (see the module docstring)."""
+
+    steps: int
+    eval_every: int
+    checkpoint_every: int
+    checkpoint_keep: int
+    progress: bool
+    label: str
+    runner: RunnerConfig
+
+    def config_text(self) -> str: ...
+    def start(self, ctl: Controller) -> None: ...
+    def warm_start(self, ctl: Controller) -> dict[str, float]: ...
+    def next_episodes(self, step: int) -> list[EpisodeSpec]: ...
+    def players(self, specs: list[EpisodeSpec]) -> dict[str, Any]: ...
+    def on_episode_end(self) -> Callable[[Any], None] | None: ...
+    def record(self, played: RunResult, step: int) -> dict[str, float]: ...
+    def training_data(self, played: RunResult, step: int) -> dict[str, Any]: ...
+    def after_step(self, ctl: Controller, step: int) -> dict[str, float]: ...
+    def evaluate(self, ctl: Controller) -> dict[str, float]: ...
+    def done(self) -> bool: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def finish(self, ctl: Controller) -> None: ...
+
+
 class Controller:
-    """Routes per-policy work to the pools that host the policies, pools in parallel.
+    """Hosts the run's policies in pools and runs the loop.
 
     Args:
-        pools: The run's pools; every policy (and snapshot) id must be hosted by one of them.
+        policies: Every LM policy of the run (trainable or frozen).
+        runtime: In-process pools or Ray actors (``runtime.backend``).
+        run_dir: The run folder (config, metrics, checkpoints, plots).
+        seed: Seeds the pools (each policy's initialisation) and the workload.
+        total_steps: Steps the LR schedules span.
+        preference_pairs: Pairs of a ranked list a preference loss uses ("all", "best_worst").
     """
 
-    def __init__(self, pools: list[BasePool]) -> None:
-        self.pools = list(pools)
+    def __init__(self, policies: list[PolicyConfig], runtime: RuntimeConfig, run_dir: RunDir,
+                 seed: int = 0, total_steps: int = 1000, preference_pairs: str = "all") -> None:
+        self.run_dir = run_dir
+        self.preference_pairs = preference_pairs
+        self.cfgs = {p.id: p for p in policies}
+        self.pools: list[BasePool] = []
+        try:
+            for group in group_policies(list(policies)):
+                self.pools.append(make_pool(group, runtime, seed=seed, total_steps=total_steps,
+                                            workdir=run_dir.path))
+        except BaseException:
+            self.shutdown()
+            raise
         self._executor = ThreadPoolExecutor(max_workers=max(1, len(self.pools)))
+        self.timer = Timer()
+        self.step = 0
 
-    def pool_of(self, policy: str) -> BasePool:
+    # ------------------------------------------------------------------ routing
+    def pool_of(self, key: str) -> BasePool:
         for pool in self.pools:
-            if policy in pool.versions:
+            if key in pool.versions:
                 return pool
-        raise KeyError(f"no pool hosts policy {policy!r}")
+        raise KeyError(f"no pool hosts policy or snapshot {key!r}")
+
+    def handle(self, key: str) -> PolicyHandle:
+        """The policy (or snapshot ``"<policy>@<tag>"``) ``key`` for an LM policy to drive."""
+        cfg = self.cfgs[key.split("@")[0]]
+        if "@" in key:
+            cfg = cfg.model_copy(update={"trainable": False})
+        return PolicyHandle(self.pool_of(key), key, cfg)
+
+    def versions(self) -> dict[str, int]:
+        return {k: v for pool in self.pools for k, v in pool.versions.items()}
+
+    def tokenizer(self, pid: str) -> Any:
+        return self.pool_of(pid).tokenizer
 
     def _per_pool(self, work: dict[str, Any], fn: Callable[[BasePool, str, Any], Any]
                   ) -> dict[str, Any]:
-        """``fn(pool, policy, item)`` for every item; pools at once, a pool's policies in turn."""
+        """``fn(pool, policy, item)`` for every item: pools at once, a pool's policies in turn."""
         by_pool: dict[int, list[str]] = {}
-        for policy in work:
-            by_pool.setdefault(id(self.pool_of(policy)), []).append(policy)
+        for pid in work:
+            by_pool.setdefault(id(self.pool_of(pid)), []).append(pid)
 
-        def run(policies: list[str]) -> dict[str, Any]:
-            pool = self.pool_of(policies[0])
-            return {p: fn(pool, p, work[p]) for p in policies}
+        def run(pids: list[str]) -> dict[str, Any]:
+            pool = self.pool_of(pids[0])
+            return {p: fn(pool, p, work[p]) for p in pids}
 
-        futures = [self._executor.submit(run, policies) for policies in by_pool.values()]
-        out: dict[str, Any] = {}
-        for future in futures:
-            out |= future.result()
+        if len(by_pool) == 1:
+            out = run(next(iter(by_pool.values())))
+        else:
+            out = {}
+            for future in [self._executor.submit(run, pids) for pids in by_pool.values()]:
+                out |= future.result()
         return {p: out[p] for p in work}
 
-    def generate(self, prompts: dict[str, list[list[int]]],
-                 sampling: SamplingConfig | None = None) -> dict[str, list[Completion]]:
-        """Completions per policy (or snapshot) id."""
-        return self._per_pool(prompts, lambda pool, p, x: pool.generate(x, sampling, adapter=p))
+    # ------------------------------------------------------------------ learning
+    def learn(self, data: dict[str, Any]) -> dict[str, dict[str, float]]:
+        """One step of each policy's objective on its data (pools in parallel)."""
+        return self._per_pool(data, lambda pool, pid, d: learn(pool, pid, self.cfgs[pid], d,
+                                                               self.preference_pairs))
 
-    def train(self, batches: dict[str, list[Trajectory]]) -> dict[str, dict[str, float]]:
-        """One RL step for every policy in ``batches``; metrics per policy id."""
-        return self._per_pool(batches, lambda pool, p, x: pool.train(x, adapter=p))
+    def sft_step(self, pid: str, trajectories: list[Any], sft: Any) -> dict[str, float]:
+        return self.pool_of(pid).sft_step(trajectories, sft, adapter=pid)
 
-    @staticmethod
-    def flatten(results: dict[str, dict[str, float]]) -> dict[str, float]:
-        """``{policy: {key: v}}`` -> ``{"policy/<id>/<key>": v}``: one metrics row per step."""
-        return {f"policy/{p}/{k}": v for p, metrics in results.items() for k, v in metrics.items()}
+    def end_sft(self, pid: str) -> None:
+        self.pool_of(pid).end_sft(adapter=pid)
 
-    def state_dict(self) -> list[dict[str, Any]]:
-        return [pool.state_dict() for pool in self.pools]
+    def snapshot(self, pid: str, tag: str | int) -> str:
+        return self.pool_of(pid).snapshot(pid, str(tag))
 
-    def load_state_dict(self, states: list[dict[str, Any]]) -> None:
-        for pool, state in zip(self.pools, states):
-            pool.load_state_dict(state)
+    def drop_snapshot(self, key: str) -> None:
+        self.pool_of(key).drop_snapshot(key)
+
+    def reset_to(self, pid: str, snapshot: str) -> None:
+        self.pool_of(pid).reset_to(pid, snapshot)
+
+    def save_pretrained(self, pid: str, folder: Path) -> Path:
+        return self.pool_of(pid).save_pretrained(folder, adapter=pid)
+
+    # ------------------------------------------------------------------ the loop
+    def play(self, work: Workload, specs: list[EpisodeSpec]) -> RunResult:
+        runner = EpisodeRunner(work.players(specs), work.runner)
+        return runner.run(specs, on_episode_end=work.on_episode_end())
+
+    def run(self, work: Workload, stop_after: int | None = None) -> dict[str, float]:
+        """Trains to ``work.steps`` (or stops after ``stop_after`` more steps, as if killed);
+        resumes from the run folder's last checkpoint. Returns the last metrics row."""
+        self.run_dir.write_config(work.config_text())
+        work.start(self)
+        last = {} if self._resume(work) else self._warm_start(work)
+        bar = StepProgress(work.steps, enabled=work.progress, start=self.step, label=work.label)
+        try:
+            while self.step < work.steps and not work.done():
+                if stop_after is not None and stop_after <= 0:
+                    break
+                last = self._iteration(work, bar)
+                if stop_after is not None:
+                    stop_after -= 1
+        except KeyboardInterrupt:
+            log.warning("interrupted at step %d; the last checkpoint is resumable", self.step)
+            raise
+        finally:
+            bar.close()
+            plot_metrics(self.run_dir.read_metrics(), self.run_dir.path / "curves.png")
+        work.finish(self)
+        return last
+
+    def _iteration(self, work: Workload, bar: StepProgress) -> dict[str, float]:
+        step = self.step + 1
+        with self.timer("rollout"):
+            specs = work.next_episodes(step)
+            played = self.play(work, specs) if specs else RunResult([], [], {})
+        metrics = work.record(played, step)
+        with self.timer("train"):
+            for pid, m in self.learn(work.training_data(played, step)).items():
+                metrics |= m if len(self.learners(work)) == 1 else {
+                    f"{k}@{pid}": v for k, v in m.items()}
+        self.step = step
+        metrics |= work.after_step(self, step)
+        if step % work.eval_every == 0 or step == work.steps:
+            metrics |= work.evaluate(self)
+        metrics |= self.timer.pop()
+        self.run_dir.log_metrics(step, metrics)
+        bar.update(step, metrics)
+        if step % work.checkpoint_every == 0 or step == work.steps:
+            self.save(work)
+        return metrics
+
+    def learners(self, work: Workload) -> list[str]:
+        return [pid for pid, cfg in self.cfgs.items() if cfg.trainable]
+
+    def _warm_start(self, work: Workload) -> dict[str, float]:
+        """The workload's warm start, the step-0 evaluation and the step-0 checkpoint."""
+        with self.timer("warm_start"):
+            metrics = work.warm_start(self)
+        metrics |= work.evaluate(self) | self.timer.pop()
+        self.run_dir.log_metrics(0, metrics)
+        self.save(work)
+        return metrics
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self, work: Workload) -> dict[str, Any]:
+        return {"step": self.step, "pools": {p.cfg.id: p.state_dict() for p in self.pools},
+                "workload": work.state_dict(), "rng": rng_state()}
+
+    def save(self, work: Workload) -> None:
+        self.run_dir.save_checkpoint(self.step, self.state_dict(work), work.checkpoint_keep)
+
+    def _resume(self, work: Workload) -> bool:
+        ckpt = self.run_dir.latest_checkpoint()
+        if ckpt is None:
+            return False
+        state = load_checkpoint(ckpt)
+        self.step = int(state["step"])
+        set_rng_state(state["rng"])  # first: the pools' own RNG states (they sampled) win
+        for pool in self.pools:
+            pool.load_state_dict(state["pools"][pool.cfg.id])  # also syncs the rollout engines
+        work.load_state_dict(state["workload"])
+        self.run_dir.truncate_metrics(self.step)
+        log.warning("resumed from %s (step %d)", ckpt, self.step)
+        return True
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=True)
+        if hasattr(self, "_executor"):
+            self._executor.shutdown(wait=True)
         for pool in self.pools:
             pool.shutdown()
+        self.pools = []
+
+
+def greedy(sampling: SamplingConfig) -> SamplingConfig:
+    return sampling.model_copy(update={"temperature": 0.0})
+
+
+def set_threads(threads: int | None) -> None:
+    if threads:
+        torch.set_num_threads(threads)

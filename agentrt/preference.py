@@ -1,9 +1,10 @@
-"""Preference post-training: data, the offline loop, and pairs built online from rollouts.
+"""Preference post-training: data, pairs, and the preference step of a policy's objective.
 
-``agentrt train`` with ``algorithm: dpo | ipo | kto | listwise`` lands here (Trainer.run
-dispatches). One step is: draw examples, compute the policy's summed response log-probs, apply
-the configured loss from ``algos.PREFERENCE_LOSSES`` against reference log-probs, and take one
-optimizer step through ``HybridEngine.optimize`` (micro-batches, non-finite steps skipped).
+A policy with ``algorithm: dpo | ipo | kto | listwise`` trains through the controller loop like
+every policy (:mod:`agentrt.objectives`): one step draws examples, computes the policy's summed
+response log-probs, applies the configured loss from ``algos.PREFERENCE_LOSSES`` against reference
+log-probs, and takes one optimizer step (``HybridEngine.preference_update``: micro-batches,
+data-parallel shares and non-finite steps as in RL).
 
 - Offline (``data.path``): rows are read from JSONL, Parquet or a ``datasets`` folder, tokenized
   once (bos + prompt, response + eos, loss only on response tokens) and their reference
@@ -11,9 +12,9 @@ optimizer step through ``HybridEngine.optimize`` (micro-batches, non-finite step
   SFT warm start); they travel in the checkpoint, so no reference model is kept in memory.
 - Online (``algorithm.online: true``): each step samples ``train.group_size`` responses per task
   prompt, ranks them with the reward and pairs the best with the worst (ties skipped); the
-  reference is a frozen copy of the starting policy (``engine.needs_reference``).
+  reference is a frozen snapshot of the starting policy (``engine.needs_reference``).
 - Tournaments: :func:`tournament_pairs` pairs the winner's and the loser's turns at matched
-  positions; :func:`preference_step` trains on any such examples.
+  positions (``objectives.outcome_pairs`` adds the policy's won vs lost games).
 """
 
 from __future__ import annotations
@@ -30,13 +31,10 @@ import torch
 
 from agentrt.algos import PREFERENCE_LOSSES, PreferenceIndex, sequence_logps
 from agentrt.algos.preference import group_mean
-from agentrt.config import DataConfig, dump_config
+from agentrt.config import DataConfig
 from agentrt.engine import HybridEngine, chunks, shift_logprobs
 from agentrt.errors import AgentrtError
-from agentrt.plot import plot_metrics
-from agentrt.progress import StepProgress
-from agentrt.run import load_checkpoint, rng_state, set_rng_state
-from agentrt.trainer import PromptSampler, Trainer, encode_prompt, evaluate, rollout
+from agentrt.tasks import encode_prompt
 from agentrt.types import TrainBatch, Trajectory, Turn, collate
 
 log = logging.getLogger(__name__)
@@ -224,6 +222,10 @@ class PreferenceBatch:
         rows, index = self.index.rows_of(groups)
         return PreferenceBatch(self.seqs.select(rows), self.ref_logps[rows], index)
 
+    def to(self, device: torch.device) -> PreferenceBatch:
+        """The sequences on ``device`` (losses are reduced on the CPU)."""
+        return PreferenceBatch(self.seqs.to(device), self.ref_logps, self.index)
+
 
 def make_batch(examples: list[PreferenceExample], pad_id: int, pairs: str = "all"
                ) -> PreferenceBatch:
@@ -260,51 +262,17 @@ def fill_reference(engine: HybridEngine, examples: list[PreferenceExample],
         ex.ref_logps = lps
 
 
-def preference_loss_fn(engine: HybridEngine) -> Callable[..., tuple[torch.Tensor, dict]]:
-    """``loss_fn(micro_batch, n_responses, n_examples)`` for ``HybridEngine.optimize``: the
-    micro-batch's share of the mean per-example loss of the mini-batch."""
-    algo = engine.algo
-    loss = PREFERENCE_LOSSES.get(str(algo.preference_loss))
-
-    def loss_fn(mb: PreferenceBatch, n_tok: float, n_seq: float) -> tuple[torch.Tensor, dict]:
-        del n_tok
-        logits = engine._logits(engine.model, mb.seqs, scaled=False)
-        policy = sequence_logps(shift_logprobs(logits, mb.seqs.input_ids), mb.seqs.loss_mask)
-        per_example, metrics = loss(policy, mb.ref_logps, mb.index, algo)
-        if algo.chosen_nll_coef:  # RPO: keeps the chosen answers likely (arXiv:2404.19733)
-            best = mb.index.desirable > 0
-            nll = -policy[best] / mb.seqs.loss_mask[best].sum(-1).clamp_min(1.0)
-            per_example = per_example + algo.chosen_nll_coef * group_mean(
-                nll, mb.index.group[best], mb.index.num_groups)
-            metrics["pref/chosen_nll"] = float(nll.detach().mean()) if nll.numel() else 0.0
-        return per_example.sum() / n_seq, metrics
-
-    return loss_fn
-
-
 def preference_step(engine: HybridEngine, examples: list[PreferenceExample], pairs: str = "all"
                     ) -> dict[str, float]:
     """One optimizer step of the policy's preference loss on ``examples``.
 
-    Examples without ``ref_logps`` get them from the engine's reference model first (online and
-    tournament pairs). Steps the LR schedule and bumps ``engine.version``.
+    Examples without ``ref_logps`` get them from the engine's reference first (online and
+    tournament pairs). Steps the LR schedule and bumps the engine's version.
     """
     missing = [ex for ex in examples if ex.ref_logps is None]
     if missing:
         fill_reference(engine, missing, reference=True)
-    batch = make_batch(examples, engine.pad_id, pairs)
-    params = [p for p in engine.model.parameters() if p.requires_grad]
-    engine.model.train()
-    try:
-        metrics = engine.optimize(batch, preference_loss_fn(engine), engine.optimizer, params,
-                                  "actor")
-    finally:
-        engine.model.eval()
-    metrics["actor/lr"] = engine.scheduler.get_last_lr()[0]
-    metrics["pref/examples"] = float(batch.size)
-    engine.scheduler.step()
-    engine.version += 1
-    return metrics
+    return engine.preference_update(make_batch(examples, engine.pad_id, pairs))
 
 
 def preference_eval(engine: HybridEngine, examples: list[PreferenceExample]) -> dict[str, float]:
@@ -343,11 +311,12 @@ def best_worst_pairs(trajectories: list[Trajectory]) -> list[PreferenceExample]:
         best = max(trajs, key=lambda t: t.reward)
         worst = min(trajs, key=lambda t: t.reward)
         if best.reward > worst.reward:
-            out.append(_pair(best.turns[-1], worst.turns[-1]))
+            out.append(pair_turns(best.turns[-1], worst.turns[-1]))
     return out
 
 
-def _pair(chosen: Turn, rejected: Turn) -> PreferenceExample:
+def pair_turns(chosen: Turn, rejected: Turn) -> PreferenceExample:
+    """A pair of two generated turns, each with its own prompt ids (chosen first)."""
     return PreferenceExample("", [chosen.prompt_ids, rejected.prompt_ids],
                              [chosen.response_ids, rejected.response_ids], [0, 1])
 
@@ -380,124 +349,5 @@ def tournament_pairs(trajectories: list[Trajectory], policy_id: str | None = Non
                 continue
             if policy_id is not None and policy_id not in (w.policy_id, lo.policy_id):
                 continue
-            out.append(_pair(w, lo))
+            out.append(pair_turns(w, lo))
     return out
-
-
-# ---------------------------------------------------------------------------------- the loop
-class PreferenceLoop:
-    """``Trainer.run`` for preference algorithms: warm start, then one preference step per
-    training step on data rows (offline) or on best-vs-worst pairs of fresh rollouts (online).
-
-    Uses the trainer's run folder, engine, task splits, reward and SFT warm start; the metric
-    names are ``pref/*`` for training and ``eval/pref_accuracy``, ``eval/accuracy`` for eval.
-    """
-
-    def __init__(self, trainer: Trainer) -> None:
-        self.t = trainer
-        self.cfg = trainer.cfg
-        self.algo = self.cfg.policy.algorithm
-        self.train_data: list[PreferenceExample] = []
-        self.eval_data: list[PreferenceExample] = []
-        if self.cfg.data.path is not None:
-            unpaired = getattr(PREFERENCE_LOSSES.get(str(self.algo.preference_loss)),
-                               "accepts_unpaired", False)
-            self.train_data, self.eval_data = load_preference_data(
-                self.cfg.data, trainer.engine.tokenizer, unpaired,
-                {ex.prompt for ex in trainer.eval_set})
-        # Online runs draw task prompts (the trainer's sampler); offline runs draw data rows.
-        self.sampler = (trainer.sampler if self.algo.online
-                        else PromptSampler(self.train_data, self.cfg.seed))
-
-    def run(self, stop_after: int | None = None) -> dict[str, float]:
-        t, cfg = self.t, self.cfg
-        t.run_dir.write_config(dump_config(cfg))
-        last = {} if self._resume() else self._warm_start()
-        bar = StepProgress(cfg.train.steps, enabled=cfg.progress, start=t.step)
-        try:
-            while t.step < cfg.train.steps and (stop_after is None or stop_after > 0):
-                with t.timer("update"):
-                    metrics = self._train_step()
-                t.step += 1
-                if t.step % cfg.eval.every == 0 or t.step == cfg.train.steps:
-                    metrics |= self.evaluate()
-                metrics |= t.timer.pop()
-                t.run_dir.log_metrics(t.step, metrics)
-                last = metrics
-                bar.update(t.step, metrics)
-                if t.step % cfg.checkpoint.every == 0 or t.step == cfg.train.steps:
-                    self.save()
-                stop_after = None if stop_after is None else stop_after - 1
-        finally:
-            bar.close()
-            plot_metrics(t.run_dir.read_metrics(), t.run_dir.path / "curves.png")
-        if t.step == cfg.train.steps:
-            t.engine.save_pretrained(t.run_dir.path / "final_model")
-        return last
-
-    def _train_step(self) -> dict[str, float]:
-        cfg, eng = self.cfg, self.t.engine
-        if not self.algo.online:
-            return preference_step(eng, self.sampler.next(cfg.train.prompts_per_step),
-                                   cfg.data.pairs)
-        with self.t.timer("rollout"):
-            out = rollout(eng, self.sampler.next(cfg.train.prompts_per_step),
-                          cfg.train.group_size, self.t.reward_fn, cfg.task.name)
-        pairs = best_worst_pairs(out.trajectories)
-        metrics = self.t._rollout_metrics(out, collate(out.trajectories, eng.pad_id))
-        metrics["pref/pairs"] = float(len(pairs))
-        if pairs:  # every group tied: nothing to learn from this step
-            metrics |= preference_step(eng, pairs, cfg.data.pairs)
-        return metrics
-
-    def evaluate(self) -> dict[str, float]:
-        """Held-out preference pairs (when there is data) and greedy exact match on the task."""
-        t = self.t
-        return preference_eval(t.engine, self.eval_data) | evaluate(
-            t.engine, t.eval_set, t.reward_fn, self.cfg.task.name, self.cfg.eval.greedy)
-
-    def _warm_start(self) -> dict[str, float]:
-        """SFT (when configured); the result becomes the reference; step-0 eval and checkpoint."""
-        t, eng = self.t, self.t.engine
-        metrics: dict[str, float] = {}
-        if self.cfg.sft.steps:
-            with t.timer("sft"):
-                metrics |= t.sft()
-            eng.reset_reference()  # online: a frozen copy of the warm-started policy
-            if eng.ref_model is not None:
-                torch.save(eng.ref_model.state_dict(), t.run_dir.path / "reference.pt")
-        with t.timer("reference"):  # offline: the policy, now, is the reference
-            fill_reference(eng, self.train_data + self.eval_data)
-        metrics |= self.evaluate() | t.timer.pop()
-        t.run_dir.log_metrics(0, metrics)
-        self.save()
-        return metrics
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.t.step, "engine": self.t.engine.state_dict(),
-                "sampler": self.sampler.state_dict(), "rng": rng_state(),
-                "ref_logps": [ex.ref_logps for ex in self.train_data + self.eval_data]}
-
-    def save(self) -> None:
-        self.t.run_dir.save_checkpoint(self.t.step, self.state_dict(),
-                                       self.cfg.checkpoint.keep)
-
-    def _resume(self) -> bool:
-        t = self.t
-        ckpt = t.run_dir.latest_checkpoint()
-        if ckpt is None:
-            return False
-        state = load_checkpoint(ckpt)
-        t.step = state["step"]
-        t.engine.load_state_dict(state["engine"])
-        self.sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
-        for ex, lps in zip(self.train_data + self.eval_data, state["ref_logps"]):
-            ex.ref_logps = lps
-        reference = t.run_dir.path / "reference.pt"
-        if reference.is_file() and t.engine.needs_reference:
-            t.engine.reset_reference()
-            t.engine.ref_model.load_state_dict(torch.load(reference, weights_only=True))
-        t.run_dir.truncate_metrics(t.step)
-        log.warning("resumed from %s (step %d)", ckpt, t.step)
-        return True

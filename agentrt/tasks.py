@@ -96,3 +96,9 @@ def make_splits(name: str, options: dict[str, Any], train_size: int, eval_size: 
         elif attempts > 100 * train_size:
             raise ValueError(f"task {name!r} cannot produce {train_size} training prompts")
     return train, list(eval_set.values())
+
+
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """bos + the prompt's ids (our tokenizers add no specials by themselves)."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    return bos + tokenizer.encode(text, add_special_tokens=False)

@@ -1,55 +1,59 @@
-"""Single-policy training on a verifiable task: optional SFT warm start, then GRPO/PPO/RLOO/...
+"""``agentrt train``: one policy on a verifiable task (or a preference data set).
 
-This is the special case of the runtime with one policy and no opponents. The loop in
-:meth:`Trainer.run` is the whole algorithm: sample prompts, roll out, score, prepare, compute
-advantages, update, evaluate, checkpoint.
+The workload of the controller loop (:mod:`agentrt.controller`) for a single policy: each step
+draws ``prompts_per_step`` task prompts and plays ``group_size`` one-turn episodes of each
+(``Task-v0`` through the episode runner, one batched generate), and the policy's objective
+trains on them: GRPO/PPO/RLOO/... on the rewards, or a preference loss on best-vs-worst pairs
+(``algorithm.online``). Offline preference training (``data.path``) plays no episodes: each step
+draws data rows. Optional SFT warm start on the task's demonstrations first.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from agentrt.config import SamplingConfig, TrainConfig, dump_config
-from agentrt.controller import make_pool
-from agentrt.engine import HybridEngine
-from agentrt.errors import ConfigError
-from agentrt.plot import plot_metrics
-from agentrt.progress import StepProgress
-from agentrt.rewards import RewardFn, exact_match, resolve_reward, score
-from agentrt.run import RunDir, Timer, load_checkpoint, rng_state, seed_everything, set_rng_state
-from agentrt.tasks import Example, make_splits
-from agentrt.types import Trajectory, Turn, collate
+from agentrt.config import TrainConfig, dump_config
+from agentrt.controller import Controller, greedy, set_threads
+from agentrt.policies.lm import LMPolicy, PromptTemplate
+from agentrt.rewards import exact_match, resolve_reward
+from agentrt.run import RunDir, seed_everything
+from agentrt.runner.core import EpisodeSpec, RunnerConfig, RunResult
+from agentrt.tasks import Example, encode_prompt, make_splits
+from agentrt.types import Trajectory, Turn
 
 log = logging.getLogger(__name__)
 
+# A task prompt is the whole observation: bos + prompt ids, as SFT demonstrations see it.
+TASK_TEMPLATE = PromptTemplate(first="{observation}", history=False)
+
 
 class PromptSampler:
-    """Epoch-wise shuffled pass over the training examples; its position is checkpointed."""
+    """Epoch-wise shuffled pass over a list (prompts or data rows); its position is
+    checkpointed."""
 
-    def __init__(self, examples: list[Example], seed: int) -> None:
-        self.examples = examples
+    def __init__(self, items: list[Any], seed: int) -> None:
+        self.items = items
         self.seed = seed
         self.epoch = 0
         self.pos = 0
         self._order = self._shuffle()
 
     def _shuffle(self) -> list[int]:
-        order = list(range(len(self.examples)))
+        order = list(range(len(self.items)))
         random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
         return order
 
-    def next(self, n: int) -> list[Example]:
+    def next(self, n: int) -> list[Any]:
         out = []
         for _ in range(n):
             if self.pos == len(self._order):
                 self.epoch, self.pos = self.epoch + 1, 0
                 self._order = self._shuffle()
-            out.append(self.examples[self._order[self.pos]])
+            out.append(self.items[self._order[self.pos]])
             self.pos += 1
         return out
 
@@ -61,198 +65,204 @@ class PromptSampler:
         self._order = self._shuffle()
 
 
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """bos + the prompt's ids (our tokenizers add no specials by themselves)."""
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    return bos + tokenizer.encode(text, add_special_tokens=False)
-
-
-@dataclass
-class Rollout:
-    trajectories: list[Trajectory]
-    responses: list[str]
-    reward_errors: int
-    seconds: float = 0.0
-
-
-def rollout(engine: HybridEngine, examples: list[Example], group_size: int, reward_fn: RewardFn,
-            task: str, sampling: SamplingConfig | None = None) -> Rollout:
-    """``group_size`` responses per example, scored; one trajectory per response.
-
-    Group ids are ``task|role|policy|example`` so that group baselines never mix prompts,
-    roles or policies.
-    """
-    prompts = [encode_prompt(engine.tokenizer, ex.prompt) for ex in examples]
-    flat = [(i, p) for i, p in enumerate(prompts) for _ in range(group_size)]
-    completions = engine.generate([p for _, p in flat], sampling)
-    texts = engine.tokenizer.batch_decode([c.response_ids for c in completions],
-                                          skip_special_tokens=True)
-    rewards, errors = score(reward_fn, [(examples[i].prompt, t, examples[i].info)
-                                        for (i, _), t in zip(flat, texts)])
-    trajs = []
-    for (i, prompt), comp, r in zip(flat, completions, rewards):
-        turn = Turn(prompt, comp.response_ids, comp.logprobs, reward=r, policy_id=engine.policy_id,
-                    policy_version=engine.version, finished=comp.finished)
-        trajs.append(Trajectory([turn], group_id=f"{task}|agent|{engine.policy_id}|{i}",
-                                env=task, policy_id=engine.policy_id))
-    return Rollout(trajs, texts, errors)
-
-
-def evaluate(engine: HybridEngine, examples: list[Example], reward_fn: RewardFn, task: str,
-             greedy: bool = True) -> dict[str, float]:
-    """Held-out metrics: exact-match accuracy, mean reward, response length."""
-    sampling = engine.cfg.rollout.sampling
-    if greedy:
-        sampling = sampling.model_copy(update={"temperature": 0.0})
-    out = rollout(engine, examples, 1, reward_fn, task, sampling)
-    accuracy = sum(exact_match(ex.prompt, text, ex.info) for ex, text in
-                   zip(examples, out.responses)) / len(examples)
-    lengths = [len(t.turns[0].response_ids) for t in out.trajectories]
-    return {"eval/accuracy": accuracy,
-            "eval/reward": sum(t.reward for t in out.trajectories) / len(examples),
-            "eval/response_length": sum(lengths) / len(lengths)}
-
-
-def demonstrations(engine: HybridEngine, examples: list[Example]) -> list[Trajectory]:
+def demonstrations(tokenizer: Any, examples: list[Example]) -> list[Trajectory]:
     """SFT data: prompt ids + answer ids + eos, loss on the answer only."""
-    tok = engine.tokenizer
+    eos = int(tokenizer.eos_token_id)
     trajs = []
     for ex in examples:
-        response = tok.encode(ex.answer, add_special_tokens=False) + [engine.eos_id]
-        trajs.append(Trajectory([Turn(encode_prompt(tok, ex.prompt), response,
+        response = tokenizer.encode(ex.answer, add_special_tokens=False) + [eos]
+        trajs.append(Trajectory([Turn(encode_prompt(tokenizer, ex.prompt), response,
                                       [0.0] * len(response))]))
     return trajs
 
 
-class Trainer:
-    """Runs ``agentrt train``: builds the engine, resumes if a checkpoint exists, loops."""
+class PromptWorkload:
+    """Prompts of a task (or rows of a preference data set) for one policy."""
+
+    label = "train"
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        self.run_dir = RunDir(cfg.run_dir)
-        self.reward_fn = resolve_reward(cfg.reward)
         t = cfg.task
+        resolve_reward(cfg.reward)  # a bad reward name fails before any work
         self.train_set, self.eval_set = make_splits(t.name, t.options, t.train_size,
                                                     t.eval_size, t.seed)
-        seed_everything(cfg.seed)
-        if cfg.runtime.backend == "ray" and getattr(cfg.policy.algorithm, "is_preference", False):
-            raise ConfigError("preference algorithms run in-process for now; set "
-                              "runtime.backend: local")
-        # The policy's pool: in-process (runtime.backend: local) or Ray actors ('ray').
-        self.pool = make_pool(cfg.policy, cfg.runtime, seed=cfg.seed,
-                              total_steps=cfg.train.steps, workdir=self.run_dir.path)
-        self.engine = getattr(self.pool, "engine", None)  # in-process only (None on Ray)
-        self.sampler = PromptSampler(self.train_set, cfg.seed)
-        self.timer = Timer()
-        self.step = 0
+        self.pid = cfg.policy.id
+        self.algo = cfg.policy.algorithm
+        self.steps, self.progress = cfg.train.steps, cfg.progress
+        self.eval_every, self.checkpoint_every = cfg.eval.every, cfg.checkpoint.every
+        self.checkpoint_keep = cfg.checkpoint.keep
+        self.runner = RunnerConfig(concurrency=cfg.train.prompts_per_step * cfg.train.group_size,
+                                   random_seats=False, invalid_penalty=0.0, max_turns=1,
+                                   seed=cfg.seed)
+        self.prompts = PromptSampler(list(range(len(self.train_set))), cfg.seed)
+        self.offline = self.algo.is_preference and not self.algo.online
+        self.pref_train: list[Any] = []
+        self.pref_eval: list[Any] = []
+        self.rows: PromptSampler | None = None
 
-    # -------------------------------------------------------------- the loop
+    def config_text(self) -> str:
+        return dump_config(self.cfg)
+
+    def env_kwargs(self, split: str) -> dict[str, Any]:
+        t = self.cfg.task
+        return {"task": t.name, "split": split, "options": dict(t.options),
+                "train_size": t.train_size, "eval_size": t.eval_size, "seed": t.seed,
+                "reward": self.cfg.reward}
+
+    # ------------------------------------------------------------------ set-up
+    def start(self, ctl: Controller) -> None:
+        self.pool = ctl.pool_of(self.pid)
+        self.tokenizer = ctl.tokenizer(self.pid)
+        handle = ctl.handle(self.pid)
+        sampling = self.cfg.policy.rollout.sampling
+        self.policy = LMPolicy(handle, TASK_TEMPLATE)
+        self.eval_policy = LMPolicy(handle, TASK_TEMPLATE, trainable=True,
+                                    sampling=greedy(sampling) if self.cfg.eval.greedy else None)
+        if self.cfg.data.path is not None:
+            from agentrt.algos import PREFERENCE_LOSSES
+            from agentrt.preference import load_preference_data
+
+            unpaired = getattr(PREFERENCE_LOSSES.get(str(self.algo.preference_loss)),
+                               "accepts_unpaired", False)
+            self.pref_train, self.pref_eval = load_preference_data(
+                self.cfg.data, self.tokenizer, unpaired, {ex.prompt for ex in self.eval_set})
+            self.rows = PromptSampler(self.pref_train, self.cfg.seed)
+
+    def warm_start(self, ctl: Controller) -> dict[str, float]:
+        """SFT on demonstrations (when configured); offline preference rows then get their
+        reference log-probs from the policy as it stands."""
+        metrics: dict[str, float] = {}
+        s = self.cfg.sft
+        if s.steps:
+            from agentrt.progress import StepProgress
+
+            sampler = PromptSampler(self.train_set, self.cfg.seed + 1)
+            bar = StepProgress(s.steps, enabled=self.progress, label="sft")
+            for i in range(s.steps):
+                metrics = ctl.sft_step(self.pid, demonstrations(self.tokenizer,
+                                                                sampler.next(s.batch_size)), s)
+                bar.update(i + 1, {"sft/loss": metrics["sft/loss"]})
+            bar.close()
+            ctl.end_sft(self.pid)  # RL starts from version 0; KL to the warm-started policy
+        if self.pref_train or self.pref_eval:
+            filled = self.pool.fill_reference(self.pref_train + self.pref_eval, adapter=self.pid)
+            self._set_reference([ex.ref_logps for ex in filled])
+        return metrics
+
+    def _set_reference(self, ref_logps: list[Any]) -> None:
+        for ex, lps in zip(self.pref_train + self.pref_eval, ref_logps):
+            ex.ref_logps = lps
+
+    # ------------------------------------------------------------------ one step
+    def next_episodes(self, step: int) -> list[EpisodeSpec]:
+        if self.offline:
+            return []
+        g = self.cfg.train.group_size
+        kwargs = self.env_kwargs("train")
+        return [EpisodeSpec("Task-v0", (self.pid,), seed=i, env_kwargs=kwargs,
+                            options={"index": i}, group=f"ex{i}")
+                for i in self.prompts.next(self.cfg.train.prompts_per_step) for _ in range(g)]
+
+    def players(self, specs: list[EpisodeSpec]) -> dict[str, Any]:
+        return {self.pid: self.policy}
+
+    def on_episode_end(self) -> None:
+        return None
+
+    def record(self, played: RunResult, step: int) -> dict[str, float]:
+        return rollout_metrics(played) if played.trajectories else {}
+
+    def training_data(self, played: RunResult, step: int) -> dict[str, Any]:
+        if self.offline:
+            assert self.rows is not None
+            return {self.pid: self.rows.next(self.cfg.train.prompts_per_step)}
+        return {self.pid: played.trajectories}
+
+    def after_step(self, ctl: Controller, step: int) -> dict[str, float]:
+        return {}
+
+    def done(self) -> bool:
+        return False
+
+    def evaluate(self, ctl: Controller) -> dict[str, float]:
+        """Held-out task prompts, greedy (``eval.greedy``): exact match, reward, length; and
+        held-out preference pairs when there is data."""
+        kwargs = self.env_kwargs("eval")
+        specs = [EpisodeSpec("Task-v0", (self.pid,), seed=i, env_kwargs=kwargs,
+                             options={"index": i}) for i in range(len(self.eval_set))]
+        from agentrt.runner.core import EpisodeRunner
+
+        played = EpisodeRunner({self.pid: self.eval_policy}, self.runner).run(specs)
+        accuracy, lengths = 0.0, []
+        for traj in played.trajectories:
+            turn = traj.turns[0]
+            answer = traj.info["final_info"].get("answer", "")
+            accuracy += exact_match("", turn.info.get("action", ""), {"answer": answer})
+            lengths.append(len(turn.response_ids))
+        n = max(1, len(played.episodes))
+        out = {"eval/accuracy": accuracy / n,
+               "eval/reward": sum(sum(r.returns.values()) for r in played.episodes) / n,
+               "eval/response_length": sum(lengths) / max(1, len(lengths))}
+        if self.pref_eval:
+            out |= self.pool.preference_eval(self.pref_eval, adapter=self.pid)
+        return out
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"prompts": self.prompts.state_dict(),
+                "rows": self.rows.state_dict() if self.rows is not None else None,
+                "ref_logps": [ex.ref_logps for ex in self.pref_train + self.pref_eval]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.prompts.load_state_dict(state["prompts"])
+        if self.rows is not None and state.get("rows") is not None:
+            self.rows.load_state_dict(state["rows"])
+        self._set_reference(state.get("ref_logps") or [])
+
+    def finish(self, ctl: Controller) -> None:
+        if ctl.step == self.steps:
+            ctl.save_pretrained(self.pid, ctl.run_dir.path / "final_model")
+
+
+def rollout_metrics(played: RunResult) -> dict[str, float]:
+    """reward/, rollout/ and perf/ metrics of one step's one-turn episodes."""
+    trajs = played.trajectories
+    rewards = torch.tensor([t.reward for t in trajs])
+    lengths = torch.tensor([len(t.turns[0].response_ids) for t in trajs], dtype=torch.float32)
+    errors = sum(float(r.final_infos[a].get("reward_errors", 0)) for r in played.episodes
+                 for a in r.final_infos)
+    seconds = played.metrics.get("timing_s/rollout", 0.0)
+    return {"reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0,
+            "reward/errors": errors, "rollout/response_length": float(lengths.mean()),
+            "rollout/finished_rate": sum(t.turns[0].finished for t in trajs) / len(trajs),
+            "perf/tokens_per_s": float(lengths.sum()) / max(seconds, 1e-9)}
+
+
+class Trainer:
+    """Runs ``agentrt train``: the controller loop over a :class:`PromptWorkload`."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        set_threads(cfg.threads)
+        self.run_dir = RunDir(cfg.run_dir)
+        seed_everything(cfg.seed)
+        self.workload = PromptWorkload(cfg)
+        self.controller = Controller([cfg.policy], cfg.runtime, self.run_dir, seed=cfg.seed,
+                                     total_steps=cfg.train.steps,
+                                     preference_pairs=cfg.data.pairs)
+
+    @property
+    def pool(self) -> Any:
+        return self.controller.pool_of(self.cfg.policy.id)
+
     def run(self, stop_after: int | None = None) -> dict[str, float]:
         """Trains to ``train.steps`` (or stops after ``stop_after`` more steps, as if killed).
 
         Returns the last metrics row (with eval) for callers and tests.
         """
-        if self.cfg.policy.algorithm.is_preference:  # dpo, ipo, kto, listwise: no advantages
-            from agentrt.preference import PreferenceLoop
-
-            return PreferenceLoop(self).run(stop_after)
-        cfg, pool = self.cfg, self.pool
-        self.run_dir.write_config(dump_config(cfg))
-        if not self._resume():
-            last = self._warm_start()
-        else:
-            last = {}
-        bar = StepProgress(cfg.train.steps, enabled=cfg.progress, start=self.step)
         try:
-            while self.step < cfg.train.steps:
-                if stop_after is not None and stop_after <= 0:
-                    break
-                examples = self.sampler.next(cfg.train.prompts_per_step)
-                with self.timer("rollout"):
-                    out = rollout(pool, examples, cfg.train.group_size, self.reward_fn,
-                                  cfg.task.name)
-                metrics = pool.train(out.trajectories)  # prepare, advantages, update (timed)
-                self.step += 1
-                metrics |= self._rollout_metrics(out) | self.timer.pop()
-                if self.step % cfg.eval.every == 0 or self.step == cfg.train.steps:
-                    metrics |= evaluate(pool, self.eval_set, self.reward_fn, cfg.task.name,
-                                        cfg.eval.greedy)
-                self.run_dir.log_metrics(self.step, metrics)
-                last = metrics
-                bar.update(self.step, metrics)
-                if self.step % cfg.checkpoint.every == 0 or self.step == cfg.train.steps:
-                    self.save()
-                if stop_after is not None:
-                    stop_after -= 1
-            if self.step == cfg.train.steps:
-                pool.save_pretrained(self.run_dir.path / "final_model")
-        except KeyboardInterrupt:
-            log.warning("interrupted at step %d; the last checkpoint is resumable", self.step)
-            raise
+            return self.controller.run(self.workload, stop_after)
         finally:
-            bar.close()
-            plot_metrics(self.run_dir.read_metrics(), self.run_dir.path / "curves.png")
-            pool.shutdown()  # Ray: workers killed, Ray stopped if this run started it
-        return last
-
-    def _warm_start(self) -> dict[str, float]:
-        """SFT warm start (when configured), step-0 eval and the step-0 checkpoint."""
-        cfg = self.cfg
-        metrics: dict[str, float] = {}
-        if cfg.sft.steps:
-            with self.timer("sft"):
-                metrics |= self.sft()
-        metrics |= evaluate(self.pool, self.eval_set, self.reward_fn, cfg.task.name,
-                            cfg.eval.greedy) | self.timer.pop()
-        self.run_dir.log_metrics(0, metrics)
-        self.save()
-        return metrics
-
-    def sft(self) -> dict[str, float]:
-        """Supervised warm start on demonstrations from the training split."""
-        s, pool = self.cfg.sft, self.pool
-        sampler = PromptSampler(self.train_set, self.cfg.seed + 1)
-        bar = StepProgress(s.steps, enabled=self.cfg.progress, label="sft")
-        metrics: dict[str, float] = {}
-        for i in range(s.steps):
-            metrics = pool.sft_step(demonstrations(pool, sampler.next(s.batch_size)), s)
-            bar.update(i + 1, {"sft/loss": metrics["sft/loss"]})
-        bar.close()
-        pool.end_sft()  # RL starts from version 0 of the warm-started policy
-        return metrics
-
-    def _rollout_metrics(self, out: Rollout, batch: Any = None) -> dict[str, float]:
-        rewards = torch.tensor([t.reward for t in out.trajectories])
-        lengths = torch.tensor([len(t.turns[0].response_ids) for t in out.trajectories],
-                               dtype=torch.float32)
-        finished = sum(t.turns[0].finished for t in out.trajectories) / len(out.trajectories)
-        rollout_s = self.timer.times.get("rollout", 0.0)
-        return {
-            "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
-            "reward/errors": float(out.reward_errors),
-            "rollout/response_length": float(lengths.mean()), "rollout/finished_rate": finished,
-            "perf/tokens_per_s": float(lengths.sum()) / max(rollout_s, 1e-9),
-        } | ({} if batch is None else {"perf/train_tokens": float(batch.num_tokens)})
-
-    # -------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "pool": self.pool.state_dict(),
-                "sampler": self.sampler.state_dict(), "rng": rng_state()}
-
-    def save(self) -> None:
-        self.run_dir.save_checkpoint(self.step, self.state_dict(), self.cfg.checkpoint.keep)
-
-    def _resume(self) -> bool:
-        ckpt = self.run_dir.latest_checkpoint()
-        if ckpt is None:
-            return False
-        state = load_checkpoint(ckpt)
-        self.step = state["step"]
-        set_rng_state(state["rng"])  # first: the pool's RNG (it sampled the rollouts) wins
-        self.pool.load_state_dict(state["pool"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.run_dir.truncate_metrics(self.step)
-        log.warning("resumed from %s (step %d)", ckpt, self.step)
-        return True
+            self.controller.shutdown()  # Ray: workers killed, Ray stopped if this run started it

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrt.config import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.config import AlgorithmConfig, ModelConfig, PolicyConfig, RuntimeConfig, SamplingConfig
 from agentrt.controller import Controller
-from agentrt.pool import LocalPool, PolicyPool
+from agentrt.pool import LocalPool
+from agentrt.run import RunDir
 from agentrt.types import Trajectory, Turn
 
 ALGOS = {"p0": "grpo", "p1": "rloo", "p2": "reinforce++", "p3": "grpo"}
@@ -34,23 +35,31 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+def flatten(results: dict[str, dict[str, float]]) -> dict[str, float]:
+    return {f"policy/{p}/{k}": v for p, metrics in results.items() for k, v in metrics.items()}
+
+
 def test_four_adapters_train_in_one_run_with_separate_metrics_and_frozen_snapshots(
-        ray_session, tiny_model_dir):
+        ray_session, tiny_model_dir, tmp_path):
     policies = [lora_policy(tiny_model_dir, pid, algo, 1e-2 * (1 + i))
                 for i, (pid, algo) in enumerate(ALGOS.items())]
-    adapters = PolicyPool(policies, seed=0)
-    solo = LocalPool(PolicyConfig(id="solo", model=ModelConfig(path=str(tiny_model_dir)),
-                                  rollout={"sampling": SamplingConfig(max_new_tokens=4)}), seed=0)
-    ctl = Controller([adapters, solo])
+    solo_cfg = PolicyConfig(id="solo", model=ModelConfig(path=str(tiny_model_dir)),
+                            rollout={"sampling": SamplingConfig(max_new_tokens=4)},
+                            resources={"num_workers": 1, "cpus_per_worker": 1})
+    # The controller groups the four LoRA policies into one pool (one base) and gives the
+    # full-weight policy its own: two pools of Ray actors.
+    ctl = Controller([*policies, solo_cfg], RuntimeConfig(backend="ray"), RunDir(tmp_path))
+    adapters, solo = ctl.pool_of("p0"), ctl.pool_of("solo")
     try:
+        assert len(ctl.pools) == 2 and all(ctl.pool_of(p) is adapters for p in ALGOS)
         tok = adapters.tokenizer
         prompts = [[tok.bos_token_id] + tok.encode(f"{a}*{a}=") for a in range(2) for _ in range(4)]
         rows, seen, snap_weights = [], {}, None
         for step in range(3):
-            comps = ctl.generate({pid: prompts for pid in [*ALGOS, "solo"]})
+            comps = {pid: ctl.handle(pid).generate(prompts) for pid in [*ALGOS, "solo"]}
             batches = {pid: trajectories(pid, prompts, c, step) for pid, c in comps.items()}
             seen[step] = batches["p1"]
-            rows.append(Controller.flatten(ctl.train(batches)))
+            rows.append(flatten(ctl.learn(batches)))
             if step == 0:
                 snap = adapters.snapshot("p0", tag="v1")
                 snap_weights = adapters.weights(snap)
@@ -65,7 +74,7 @@ def test_four_adapters_train_in_one_run_with_separate_metrics_and_frozen_snapsho
         assert snap == "p0@v1" and adapters.version_of(snap) == 1
         assert max_diff(adapters.weights(snap), snap_weights) == 0.0
         assert max_diff(adapters.weights("p0"), snap_weights) > 1e-4
-        assert len(ctl.generate({snap: prompts[:2]})[snap]) == 2
+        assert len(ctl.handle(snap).generate(prompts[:2])) == 2
         with pytest.raises(ValueError, match="frozen snapshot"):
             adapters.train(seen[0], adapter=snap)
         # p1 trained beside three other adapters on one base equals p1 trained alone.

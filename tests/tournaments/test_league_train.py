@@ -43,22 +43,31 @@ def records(run_dir):
         store.close()
 
 
+def last_state(run_dir: Path) -> dict:
+    from agentrt.run import RunDir, load_checkpoint
+
+    return load_checkpoint(RunDir(run_dir).latest_checkpoint())
+
+
 def test_only_learners_train_and_snapshots_stay_frozen(tmp_path, tiny_model_dir):
-    trainer = LeagueTrainer(league_cfg(tmp_path, tiny_model_dir))
-    trainer.run()
-    lm = trainer.engines["lm"]
-    assert lm.version == 4  # the warm start leaves version 0; one version per RL update
-    snaps = trainer.snapshots
-    assert {"lm@0", "lm@2", "lm@4"} <= set(snaps)
-    live = lm.model.state_dict()
+    # Retried invalid moves give each turn its own return-to-go, so even a learner whose every
+    # move is invalid after this short warm start gets non-zero advantages and changes.
+    retry = {"invalid_action": "retry", "max_retries": 2}
+    LeagueTrainer(league_cfg(tmp_path, tiny_model_dir, runner=retry)).run()
+    pool = last_state(tmp_path)["pools"]["lm"]
+    assert pool["policies"]["lm"]["version"] == 4  # warm start leaves 0; one per RL update
+    snaps = pool["snapshots"]
+    assert {"lm@0", "lm@2", "lm@4"} <= set(snaps)  # frozen weights in the learner's pool
+    live = pool["policies"]["lm"]["model"]
     for key in ("lm@0", "lm@2"):  # older snapshots differ from the live learner and each other
-        assert any(not torch.equal(v, live[k]) for k, v in snaps[key].state().items())
-    # a snapshot does not change while its source keeps training
-    before = snaps["lm@2"].state()
-    trainer.cfg = trainer.cfg.model_copy(update={"train": trainer.cfg.train.model_copy(
-        update={"steps": 6})})
-    trainer.run()
-    assert all(torch.equal(before[k], v) for k, v in snaps["lm@2"].state().items())
+        assert any(not torch.equal(v, live[k]) for k, v in snaps[key]["weights"].items())
+    # a snapshot does not change while its source keeps training (the run resumes to step 6)
+    LeagueTrainer(league_cfg(tmp_path, tiny_model_dir, runner=retry,
+                             train={"steps": 6, "games_per_step": 12})).run()
+    after = last_state(tmp_path)["pools"]["lm"]
+    assert after["policies"]["lm"]["version"] == 6
+    assert all(torch.equal(snaps["lm@2"]["weights"][k], v)
+               for k, v in after["snapshots"]["lm@2"]["weights"].items())
     played = records(tmp_path)
     assert played and all(any(k == "lm" for k in keys) for _, keys, _, _ in played)
     report = (tmp_path / "report.html").read_text()

@@ -209,7 +209,7 @@ def test_league_configs_default_to_rae_for_zero_sum_games() -> None:
 
 
 def test_league_rae_groups_drop_snapshot_versions() -> None:
-    from agentrt.tournaments.trainer import rae_regroup
+    from agentrt.objectives import rae_regroup
     from agentrt.types import Trajectory, Turn
 
     def traj(opponent: str) -> Trajectory:
