@@ -540,7 +540,11 @@ class PolicyPool(BasePool):
 
         if not ray.is_initialized():
             return
-        for w in getattr(self, "workers", []):
+        workers = getattr(self, "workers", [])
+        if workers:  # ray.kill runs no finalisers: stop vLLM and delete its adapter folders first
+            refs = [w.close.remote() for w in workers]
+            ray.wait(refs, num_returns=len(refs), timeout=30)  # a dead worker's error is ready
+        for w in workers:
             ray.kill(w, no_restart=True)
         self.workers = []
         if getattr(self, "pg", None) is not None:
