@@ -108,10 +108,14 @@ def _numpy_state() -> Any:
 
 
 def _adapter_store() -> Path:
-    """A folder for adapter versions, on a RAM disk when there is one (they are rewritten often)."""
+    """A folder for adapter versions, on a RAM disk when there is one (they are rewritten often).
+
+    Its name carries the process id: a process killed with SIGKILL runs no finaliser and leaves
+    the folder behind, and the pid tells whose it was (and that it can go once that pid is gone).
+    """
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
-    return Path(tempfile.mkdtemp(prefix="agentrt-lora-", dir=base))
+    return Path(tempfile.mkdtemp(prefix=f"agentrt-lora-{os.getpid()}-", dir=base))
 
 
 class VLLMRollout:
