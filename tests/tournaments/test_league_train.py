@@ -18,7 +18,10 @@ def league_cfg(run_dir, model_dir, **over):
         "seed": 3, "run_dir": str(run_dir), "progress": False,
         "envs": [{"id": "TicTacToe-v0", "template": {"history": False}}],
         "policies": [{"id": "lm", "model": {"path": str(model_dir)},
-                      "rollout": {"sampling": {"max_new_tokens": 3}},
+                      # top_k 10: at top_k 0 the near-uniform model (2 warm-start steps) rarely
+                      # picks a cell digit (9 of 259 tokens), a batch can hold only invalid-move
+                      # losses, every RAE advantage is then 0 and nothing trains (seen at e507a58).
+                      "rollout": {"sampling": {"max_new_tokens": 3, "top_k": 10}},
                       "optim": {"lr": 1e-3}, "algorithm": {"advantage": "rae"}}],
         "baselines": [{"id": "random", "kind": "random", "seed": 1}],
         "schedule": {"format": "pfsp", "snapshot": {"every": 2, "win_rate": None,
