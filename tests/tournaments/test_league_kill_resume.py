@@ -12,9 +12,9 @@ the vLLM engine down too. The same command then resumes the killed run to the en
 - the vLLM engine serves the checkpoint's weights after the resume, before any new update: the
   checkpoint is loaded into the run's pool the way the resume does (`load_state_dict` of each
   pool, which syncs the rollout) and vLLM's greedy output, of the live policy and of each frozen
-  snapshot adapter, equals HF generate over the checkpoint's weights. This runs in this process
-  (`runtime.backend: local`, the same PolicyWorker as in the Ray actor) while the resumed run
-  starts up.
+  snapshot adapter, equals HF generate over the checkpoint's weights (same tokens, log-probs
+  within 1e-4). This runs in this process (`runtime.backend: local`, the same PolicyWorker as
+  in the Ray actor) while the resumed run starts up.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def game_prompts(tokenizer) -> list[list[int]]:
 
 
 def served_vs_hf(cfg_dict: dict, state: dict, scratch: Path) -> dict[str, tuple]:
-    """Greedy responses per policy/snapshot of the checkpoint ``state``: (vLLM before loading
+    """Greedy completions per policy/snapshot of the checkpoint ``state``: (vLLM before loading
     it, vLLM after loading it as the resume does, HF generate over its weights)."""
     from agentrt.controller import Controller
     from agentrt.tournaments.run_config import TournamentRunConfig
@@ -210,9 +210,13 @@ def served_vs_hf(cfg_dict: dict, state: dict, scratch: Path) -> dict[str, tuple]
     out = {}
     for key, w in weights.items():
         hf.load_weights("lm", w)  # the checkpoint's weights as the HF model's only adapter
-        out[key] = tuple([c.response_ids for c in cs] for cs in (
-            fresh, served[key], hf.generate(prompts, greedy, "lm")))
+        out[key] = (fresh, served[key], hf.generate(prompts, greedy, "lm"))
     return out
+
+
+def logprob_gap(a: list, b: list) -> float:
+    """Largest |log-prob difference| over the tokens of two lists of completions."""
+    return max(abs(x - y) for ca, cb in zip(a, b) for x, y in zip(ca.logprobs, cb.logprobs))
 
 
 # ---------------------------------------------------------------------- the test
@@ -265,9 +269,11 @@ def test_killed_ray_vllm_league_resumes_to_the_uninterrupted_records(tmp_path, t
 
     assert f"resumed from {killed_dir / 'checkpoints' / f'step_{ckpt}'}" in resumed.output()
     assert {"lm", "lm@0", f"lm@{ckpt}"} <= set(greedy)
-    for key, (_, served, hf) in greedy.items():
-        assert served == hf, f"{key}: vLLM does not serve the checkpoint's weights"
-    assert greedy["lm"][1] != greedy["lm"][0], "training did not change the greedy output"
+    for key, (_, served, hf) in greedy.items():  # fp32 both; kernels differ (measured 1e-6)
+        assert [c.response_ids for c in served] == [c.response_ids for c in hf], key
+        assert logprob_gap(served, hf) < 1e-4, f"{key}: vLLM does not serve the checkpoint"
+    fresh, served, _ = greedy["lm"]  # not vacuous: the checkpoint is not the initial adapter
+    assert logprob_gap(served, fresh) > 1e-2
 
     a, b = records(ref_dir), records(killed_dir)
     assert len(a) == STEPS * 8
