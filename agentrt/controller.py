@@ -240,7 +240,7 @@ class Controller:
         metrics = work.record(played, step)
         with self.timer("train"):
             for pid, m in self.learn(work.training_data(played, step)).items():
-                metrics |= m if len(self.learners(work)) == 1 else {
+                metrics |= m if len(self.learners()) == 1 else {
                     f"{k}@{pid}": v for k, v in m.items()}
         self.step = step
         metrics |= work.after_step(self, step)
@@ -253,7 +253,8 @@ class Controller:
             self.save(work)
         return metrics
 
-    def learners(self, work: Workload) -> list[str]:
+    def learners(self) -> list[str]:
+        """Ids of the trainable policies (metrics get an ``@<id>`` suffix when several)."""
         return [pid for pid, cfg in self.cfgs.items() if cfg.trainable]
 
     def _warm_start(self, work: Workload) -> dict[str, float]:

@@ -429,6 +429,25 @@ class HybridEngine:
         self.version += 1
         return metrics | self.sync_rollout()
 
+    def preference_loss(self, mb: Any, n_tok: float, n_seq: float
+                        ) -> tuple[torch.Tensor, dict[str, float]]:
+        """A micro-batch's share of the mean per-example preference loss of its mini-batch
+        (``optimize``'s ``loss_fn``; ``n_seq`` counts the mini-batch's examples)."""
+        del n_tok
+        algo = self.algo
+        logits = self.logits(self.model, mb.seqs, scaled=False)
+        policy = sequence_logps(shift_logprobs(logits, mb.seqs.input_ids.to(self.device)),
+                                mb.seqs.loss_mask.to(self.device)).cpu()
+        per_example, metrics = PREFERENCE_LOSSES.get(str(algo.preference_loss))(
+            policy, mb.ref_logps, mb.index, algo)
+        if algo.chosen_nll_coef:  # RPO: keeps the chosen answers likely (arXiv:2404.19733)
+            best = mb.index.desirable > 0
+            nll = -policy[best] / mb.seqs.loss_mask[best].sum(-1).cpu().clamp_min(1.0)
+            per_example = per_example + algo.chosen_nll_coef * group_mean(
+                nll, mb.index.group[best], mb.index.num_groups)
+            metrics["pref/chosen_nll"] = float(nll.detach().mean()) if nll.numel() else 0.0
+        return per_example.sum() / n_seq, metrics
+
     def preference_update(self, batch: Any) -> dict[str, float]:
         """One optimizer step of the policy's preference loss (dpo, ipo, kto, listwise).
 
@@ -436,25 +455,9 @@ class HybridEngine:
             batch: A :class:`~agentrt.preference.PreferenceBatch` whose ``ref_logps`` are set;
                 micro-batches and data-parallel shares never split an example.
         """
-        algo = self.algo
-        loss = PREFERENCE_LOSSES.get(str(algo.preference_loss))
-
-        def loss_fn(mb: Any, n_tok: float, n_seq: float) -> tuple[torch.Tensor, dict]:
-            logits = self.logits(self.model, mb.seqs, scaled=False)
-            policy = sequence_logps(shift_logprobs(logits, mb.seqs.input_ids),
-                                    mb.seqs.loss_mask).cpu()
-            per_example, metrics = loss(policy, mb.ref_logps, mb.index, algo)
-            if algo.chosen_nll_coef:  # RPO: keeps the chosen answers likely (arXiv:2404.19733)
-                best = mb.index.desirable > 0
-                nll = -policy[best] / mb.seqs.loss_mask[best].sum(-1).cpu().clamp_min(1.0)
-                per_example = per_example + algo.chosen_nll_coef * group_mean(
-                    nll, mb.index.group[best], mb.index.num_groups)
-                metrics["pref/chosen_nll"] = float(nll.detach().mean()) if nll.numel() else 0.0
-            return per_example.sum() / n_seq, metrics
-
         params = self.parameters()
         with self._training():
-            metrics = self.optimize(batch, loss_fn, self.optimizer, params, "actor")
+            metrics = self.optimize(batch, self.preference_loss, self.optimizer, params, "actor")
         if self.data_parallel is not None:
             metrics = self.data_parallel.reduce_metrics(metrics)
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]

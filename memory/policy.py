@@ -124,8 +124,8 @@ class PolicyMemory:
                            self.cfg.token_budget)
 
     def attach(self, policy: Any) -> Any:
-        """Sets ``policy.memory`` to :meth:`hook`; returns the policy."""
-        policy.memory = self.hook()
+        """Gives ``policy`` this memory's :meth:`hook`; returns the policy."""
+        policy.set_memory(self.hook())
         return policy
 
     def write(self, record: EpisodeRecord) -> list[str]:

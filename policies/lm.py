@@ -91,6 +91,10 @@ class LMPolicy:
     def version(self) -> int:
         return int(self.engine.version)
 
+    def set_memory(self, memory: MemoryHook | None) -> None:
+        """Attaches (or with None, removes) the memory hook that adds context to prompts."""
+        self.memory = memory
+
     @property
     def max_new_tokens(self) -> int:
         sampling = self.sampling or self.engine.cfg.rollout.sampling

@@ -208,3 +208,26 @@ def test_reference_rebased_after_warm_start_survives_a_checkpoint(tiny_model_dir
     other.load_state_dict(eng.state_dict())
     other.prepare(batch)
     torch.testing.assert_close(batch.ref_logprobs, batch.old_logprobs)
+
+
+@pytest.mark.parametrize("train_dropout", [False, True])
+def test_lora_dropout_is_off_in_rl_updates_so_the_first_ratio_is_one(tiny_model_dir,
+                                                                     train_dropout):
+    """Old log-probs are computed without dropout; the update must see the same function, as
+    TRL's disable_dropout does (with it on, the log-prob gap reached 0.4 at LoRA dropout 0.1)."""
+    algo = AlgorithmConfig(train_dropout=train_dropout)
+    eng = make_engine(tiny_model_dir, lora=LoraConfig(enabled=True, dropout=0.3),
+                      algorithm=algo, optim={"lr": 1e-2})
+    with torch.no_grad():  # a trained adapter: B = 0 would hide the dropout on its path
+        for name, p in eng.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    batch, _ = rollout_batch(eng)
+    eng.prepare(batch)
+    eng.compute_advantages(batch)
+    m = eng.update(batch)  # one mini-batch, one epoch: the ratio of its only step
+    if train_dropout:
+        assert abs(m["actor/ppo_kl"]) > 1e-3
+    else:
+        assert m["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+        assert m["actor/clipfrac"] == 0.0

@@ -187,7 +187,7 @@ def test_chosen_nll_term_adds_the_per_token_nll_of_the_best_responses(tiny_model
     """RPO: loss = preference loss + coef * mean over examples of -log p(best) / its length."""
     from agentrt.config import PolicyConfig
     from agentrt.engine import HybridEngine
-    from agentrt.preference import PreferenceExample, make_batch, preference_loss_fn
+    from agentrt.preference import PreferenceExample, make_batch
 
     def engine(coef):
         return HybridEngine(PolicyConfig(model={"path": str(tiny_model_dir)}, algorithm={
@@ -200,8 +200,8 @@ def test_chosen_nll_term_adds_the_per_token_nll_of_the_best_responses(tiny_model
                                   [1, 0, 2])]
     batch = make_batch(examples, tok.pad_token_id)
     batch.ref_logps = torch.tensor([-3.0, -2.0, -1.0, -4.0, -2.5])
-    base, _ = preference_loss_fn(plain)(batch, 5.0, 2.0)
-    with_nll, m = preference_loss_fn(rpo)(batch, 5.0, 2.0)
+    base, _ = plain.preference_loss(batch, 5.0, 2.0)
+    with_nll, m = rpo.preference_loss(batch, 5.0, 2.0)
     lp = sequence_logps(plain.logprobs(batch.seqs, scaled=False), batch.seqs.loss_mask)
     nll_best = [-float(lp[0]) / 3, -float(lp[3]) / 4]  # row 0 (3 tokens), row 3 (4 tokens)
     expected = float(base) + 0.5 * sum(nll_best) / 2

@@ -27,7 +27,8 @@ import pytest
 import torch
 
 from agentrt.config import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig, SFTConfig
-from agentrt.engine import HybridEngine, make_scheduler
+from agentrt.engine import HybridEngine
+from agentrt.optim import make_scheduler
 from agentrt.errors import ConfigError
 from agentrt.memory import FaissBank, bank_config
 from agentrt.memory.augment import MemoryConfig

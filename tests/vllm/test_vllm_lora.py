@@ -28,7 +28,7 @@ def randomise_lora_b(engine: HybridEngine, seed: int) -> None:
 
 
 def peft_config(engine: HybridEngine):
-    return engine.model.peft_config["default"]
+    return engine.model.peft_config[engine.policy_id]
 
 
 @pytest.fixture(scope="module")
