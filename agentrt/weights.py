@@ -103,6 +103,7 @@ class SharedModel:
         self.hf = HFRollout(self.model, self.tokenizer, cfg.rollout.sampling,
                             cfg.rollout.batch_size, self.autocast_dtype)
         self.adapters: dict[str, PolicyConfig] = {cfg.id: cfg}  # trainable policies
+        self._active: str | None = cfg.id if self.is_lora else None  # peft's active adapter
         self.frozen: dict[str, dict[str, torch.Tensor]] = {}  # full-weight snapshots (CPU)
         self.frozen_adapters: set[str] = set()  # LoRA snapshots (adapters, no grad)
         self.vllm: Any = None
@@ -128,13 +129,20 @@ class SharedModel:
         torch.manual_seed(seed)
         self.model.add_adapter(cfg.id, peft_config(cfg))
         self.adapters[cfg.id] = cfg
+        self._active = None  # the new adapter's flags: set on its next activation
 
-    def activate(self, name: str) -> None:
-        """Makes ``name`` the adapter forward passes use (and the only one requiring grad)."""
-        if self.is_lora and name not in self.frozen:
-            self.model.set_adapter(name)
-            if name in self.frozen_adapters:
-                self.model.requires_grad_(False)
+    def activate(self, name: str, force: bool = False) -> None:
+        """Makes ``name`` the adapter forward passes use (and the only one requiring grad).
+
+        peft's ``set_adapter`` walks every module once per adapter (18.6 ms with 22 adapters on
+        llama-tiny), so it is skipped when ``name`` is active already; ``force`` redoes it after
+        something else changed the flags (adding or deleting an adapter)."""
+        if not self.is_lora or name in self.frozen or (name == self._active and not force):
+            return
+        self.model.set_adapter(name)
+        if name in self.frozen_adapters:
+            self.model.requires_grad_(False)
+        self._active = name
 
     def parameters(self, name: str) -> list[nn.Parameter]:
         """The parameters that training ``name`` changes."""
@@ -188,7 +196,7 @@ class SharedModel:
             self.model.add_adapter(name, peft_config(self.adapters[source]))
             self.frozen_adapters.add(name)
             self.load_weights(name, state)
-            self.activate(source)  # add_adapter leaves the new one trainable
+            self.activate(source, force=True)  # add_adapter leaves the new one trainable
         else:
             self.frozen[name] = state
         if serve:
@@ -201,8 +209,7 @@ class SharedModel:
             return
         if name not in self.frozen_adapters:
             raise KeyError(f"{name!r} is not a snapshot here")
-        active = next(iter(self.adapters))
-        self.model.set_adapter(active)
+        self.activate(next(iter(self.adapters)), force=True)
         self.model.delete_adapter(name)
         self.frozen_adapters.discard(name)
         if self.vllm is not None and name in self.vllm.adapters:
