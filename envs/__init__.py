@@ -25,6 +25,7 @@ from agentrt.envs.single import CalculatorEnv, RecallEnv, TaskEnv, calculate
 register("TicTacToe-v0", TicTacToe, multi_agent=True)
 register("ConnectFour-v0", ConnectFour, multi_agent=True)
 register("KuhnPoker-v0", KuhnPoker, multi_agent=True)
+register("KuhnPoker3-v0", KuhnPoker, multi_agent=True, players=3)
 register("Bargain-v0", Bargain, multi_agent=True)
 register("Task-v0", TaskEnv, multi_agent=False)
 register("ToolUse-v0", CalculatorEnv, multi_agent=False)

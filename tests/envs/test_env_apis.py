@@ -17,6 +17,7 @@ from agentrt.errors import ConfigError
 
 SINGLE = ["Task-v0", "ToolUse-v0", "Recall-v0"]
 MULTI = [("TicTacToe-v0", {}), ("TicTacToe-v0", {"compact": True}), ("ConnectFour-v0", {}), ("KuhnPoker-v0", {}), ("Bargain-v0", {}),
+         ("KuhnPoker3-v0", {}), ("Bargain-v0", {"compact": True}),
          ("OpenSpiel-v0", {"game": "kuhn_poker"}), ("OpenSpiel-v0", {"game": "tic_tac_toe"}),
          ("TextArena-v0", {"env_id": "TicTacToe-v0"})]
 
@@ -136,6 +137,48 @@ def test_kuhn_payoffs_equal_openspiel_for_every_deal_and_betting_sequence() -> N
                 state.apply_action(0 if move == "p" else 1)
             assert ours.done and state.is_terminal()
             assert [ours.rewards["player_0"], ours.rewards["player_1"]] == state.returns()
+
+
+def test_three_player_kuhn_equals_openspiel_for_every_deal_and_betting_sequence() -> None:
+    """KuhnPoker3-v0 is OpenSpiel's kuhn_poker with players=3: same player to move, information
+    states and returns after every betting sequence of every deal (24 deals x 13 sequences)."""
+    game = pyspiel.load_game("kuhn_poker", {"players": 3})
+    ours = make("KuhnPoker3-v0")
+    assert ours.possible_agents == ["player_0", "player_1", "player_2"]
+    games = 0
+    for deal in itertools.permutations(range(4), 3):
+        stack: list[list[int]] = [[]]
+        while stack:
+            seq = stack.pop()
+            state = game.new_initial_state()
+            for action in [*deal, *seq]:
+                state.apply_action(action)
+            ours.reset(options={"deal": deal})
+            for move in seq:
+                ours.step("pass" if move == 0 else "bet")
+            assert ours.done == state.is_terminal(), (deal, seq)
+            if state.is_terminal():
+                assert [ours.rewards[a] for a in ours.possible_agents] == state.returns()
+                games += 1
+                continue
+            agent = ours.agent_selection
+            assert agent == f"player_{state.current_player()}"
+            assert ours.info_state(agent) == state.information_state_string()
+            stack += [seq + [0], seq + [1]]
+    assert games == 24 * 13
+
+
+def test_bargain_compact_observation_is_the_decision_state_in_one_line() -> None:
+    env = make("Bargain-v0", compact=True, max_turns=6)
+    env.reset(seed=3)
+    counts, values = env.counts, env.values["player_1"]
+    assert env.observe("player_0").endswith(" O- T6")
+    env.step("[propose 1 0 0]")  # player_0 (the opener) asks for one book
+    offer = ",".join(str(c - s) for c, s in zip(counts, (1, 0, 0)))
+    expected = (f"P{','.join(map(str, counts))} V{','.join(map(str, values))} O{offer} T5")
+    assert env.observe("player_1") == expected
+    env.step("[accept]")
+    assert env.done and env.rewards["player_0"] == env.payoff("player_0", (1, 0, 0))
 
 
 def test_kuhn_hides_the_other_card() -> None:
