@@ -12,6 +12,15 @@ Anything else is talk and is shown to the other player. Payoff: with a deal each
 value of its share / 10 (so in [0, 1]); without a deal when the turns run out both get 0. An
 empty message, a malformed or impossible proposal, or ``[accept]`` with nothing to accept is an
 invalid action. ``observe_struct(agent)`` gives counts, own values and the standing offer.
+
+Sides: the game is symmetric except for the move order. ``player_0`` opens (the first message,
+usually the first proposal) and ``player_1`` answers; with one policy per side (roles) they are
+called the buyer (``player_0``) and the seller (``player_1``) in docs and examples.
+
+``compact=True`` gives the whole decision state in one short line for small LMs trained from
+scratch (as ``TicTacToe(compact=True)``): ``"P3,1,2 V2,0,4 O1,0,2 T6"`` is the pool's counts,
+the agent's values per item, the standing offer (what it gets by ``[accept]``; ``-`` when there
+is none) and the messages left. Talk is not shown; moves are the same (``[propose 2 1 0]``).
 """
 
 from __future__ import annotations
@@ -25,6 +34,10 @@ ITEMS = ("books", "hats", "balls")
 TOTAL_VALUE = 10
 _MOVE = re.compile(r"\[\s*(propose|accept)\b([^\]]*)\]", re.IGNORECASE)
 _NAMED = re.compile(r"(books|hats|balls)\s*[=:]\s*(\d+)", re.IGNORECASE)
+
+
+def _csv(numbers: tuple[int, ...]) -> str:
+    return ",".join(str(n) for n in numbers)
 
 
 def _random_values(rng: Any, counts: tuple[int, ...]) -> tuple[int, ...]:
@@ -41,18 +54,20 @@ class Bargain(MultiAgentEnv):
     Args:
         max_turns: Messages in all before the game ends without a deal.
         max_message_chars: Longer messages are cut to this many characters in the transcript.
+        compact: Observe the decision state in one line (module docstring) instead of prose.
     """
 
     metadata = {"render_modes": ["ansi"], "name": "bargain"}
     possible_agents = ["player_0", "player_1"]
 
-    def __init__(self, max_turns: int = 8, max_message_chars: int = 300,
+    def __init__(self, max_turns: int = 8, max_message_chars: int = 300, compact: bool = False,
                  render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode)
         if max_turns < 2:
             raise ValueError(f"max_turns must be at least 2, got {max_turns}")
         self.max_turns = max_turns
         self.max_message_chars = max_message_chars
+        self.compact = compact
 
     def _reset(self, options: dict[str, Any]) -> None:
         rng = self.np_random
@@ -126,6 +141,11 @@ class Bargain(MultiAgentEnv):
         return tuple(c - s for c, s in zip(self.counts, self.offer[1]))
 
     def _observe(self, agent: str) -> str:
+        if self.compact:
+            offer = self._offer_to(agent)
+            return (f"P{_csv(self.counts)} V{_csv(self.values[agent])} "
+                    f"O{'-' if offer is None else _csv(offer)} "
+                    f"T{self.max_turns - len(self.transcript)}")
         pool = ", ".join(f"{c} {k}" for c, k in zip(self.counts, ITEMS))
         vals = ", ".join(f"{k}={v}" for k, v in zip(ITEMS, self.values[agent]))
         talk = "\n".join(f"{'You' if a == agent else 'Other'}: {m}" for a, m in self.transcript)

@@ -172,7 +172,10 @@ class KuhnPolicy(ScriptedPolicy):
 # ----------------------------------------------------------------------------- bargaining
 class BargainHeuristic(ScriptedPolicy):
     """Accepts an offer worth at least ``accept_at`` (lowered as messages run out); otherwise
-    proposes to take the items it values most until it holds ``ask`` of the pool's value."""
+    proposes to take the items it values most until it holds ``ask`` of the pool's value.
+
+    Its messages are the bare moves (``[accept]``, ``[propose 2 1 0]``), short enough for a small
+    LM to imitate in a warm start."""
 
     def __init__(self, ask: float = 0.7, accept_at: float = 0.5, seed: int = 0) -> None:
         super().__init__(seed)
@@ -186,15 +189,14 @@ class BargainHeuristic(ScriptedPolicy):
         if s["offer"] is not None:
             got = sum(c * v for c, v in zip(s["offer"], values))
             if got >= threshold * total:
-                return "That works for me. [accept]"
+                return "[accept]"
         share = [0] * len(counts)
         held = 0
         for i in sorted(range(len(counts)), key=lambda k: -values[k]):
             while share[i] < counts[i] and held < self.ask * total:
                 share[i] += 1
                 held += values[i]
-        books, hats, balls = share
-        return f"How about this? [propose books={books} hats={hats} balls={balls}]"
+        return "[propose " + " ".join(str(n) for n in share) + "]"
 
 
 # ----------------------------------------------------------------------------- tool use
