@@ -34,7 +34,8 @@ from agentrt.policies.scripted import (
 from agentrt.progress import StepProgress
 from agentrt.run import RunDir, seed_everything
 from agentrt.runner.core import EpisodeRecord, EpisodeRunner, EpisodeSpec, RunResult
-from agentrt.objectives import training_trajectories
+from agentrt.objectives import outcome_pairs, training_trajectories
+from agentrt.preference import PreferenceExample
 from agentrt.tournaments.report import build_leaderboard, format_leaderboard
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.session import Tournament
@@ -100,6 +101,8 @@ class LeagueWorkload:
         self.seats = {k: list(v) for k, v in cfg.env_seats().items()}
         self.roles = {p.id: p.roles for p in cfg.policies} | {b.id: b.roles for b in cfg.baselines}
         self.baselines = {b.id: SCRIPTED[b.kind](seed=b.seed) for b in cfg.baselines}
+        self.policy_cfgs = {p.id: p for p in cfg.policies}
+        self.heldout: dict[str, list[PreferenceExample]] = {}  # preference learners' eval pairs
         self.matches: list[Match] = []
 
     def config_text(self) -> str:
@@ -182,12 +185,12 @@ class LeagueWorkload:
         for ev in self.tournament.on_step(step, {pid: versions[pid] for pid in self.learners}):
             player = ev.player
             ctl.snapshot(player.policy_id, player.version)
+            if ev.reset:  # before the drops: the @0 snapshot may leave the pool (max_pool)
+                log.info("league: %s resets to its initial weights", player.policy_id)
+                ctl.reset_to(player.policy_id, f"{player.policy_id}@0")
             for old in ev.dropped:
                 self.frozen.pop(old.key, None)
                 ctl.drop_snapshot(old.key)
-            if ev.reset:
-                log.info("league: %s resets to its initial weights", player.policy_id)
-                ctl.reset_to(player.policy_id, f"{player.policy_id}@0")
         if self.progress and step % max(1, self.eval_every) == 0:
             log.info("%s", self.tournament.progress_line())
         return {}
@@ -197,11 +200,16 @@ class LeagueWorkload:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, ctl: Controller) -> dict[str, float]:
-        """Each learner vs each eval opponent, the games spread evenly over the learner's seats
-        (not rated, no training data, no memory writes).
+        """Each learner vs each eval opponent that may sit opposite it (not rated, no training
+        data, no memory writes): the games are spread evenly over the seats the learner may take
+        (its roles) whose other seats the opponent may all take; the opponent fills every other
+        seat. An opponent that can never sit opposite the learner is skipped.
 
         Metrics: ``eval/win_rate_vs_<opp>`` (averaged over seats), ``.../seat<i>``,
-        ``eval/draw_rate_vs_<opp>``, ``eval/invalid_rate_vs_<opp>`` (invalid moves per move).
+        ``eval/return_vs_<opp>`` (the learner's mean return: the deal value in Bargain-v0),
+        ``eval/draw_rate_vs_<opp>``, ``eval/invalid_rate_vs_<opp>`` (invalid moves per move);
+        for preference learners also ``eval/pref_accuracy``, ``eval/pref_margin`` and
+        ``eval/pref_likelihood_accuracy`` on held-out outcome pairs (:meth:`heldout_pairs`).
         """
         out: dict[str, float] = {}
         for pid in self.learners:
@@ -211,29 +219,48 @@ class LeagueWorkload:
                               memory=lm.memory)
             for opp in self.cfg.eval.opponents:
                 out |= self._eval_pair(pid, player, opp)
+            if self.policy_cfgs[pid].algorithm.is_preference:
+                out |= self._pref_eval(ctl, pid)
         if len(self.learners) == 1:
             out = {k.replace(f"@{self.learners[0]}", ""): v for k, v in out.items()}
         return out
 
-    def _eval_pair(self, pid: str, player: LMPolicy, opp: str) -> dict[str, float]:
+    def eval_seats(self, pid: str, opp: str, env: str) -> list[int]:
+        """Seats of ``env`` where ``pid`` may play with ``opp`` in every other seat."""
+        agents = self.seats[env]
+
+        def may(key: str, agent: str) -> bool:
+            return self.roles[key] is None or agent in self.roles[key]
+
+        return [i for i, a in enumerate(agents) if may(pid, a)
+                and all(may(opp, b) for b in agents if b != a)]
+
+    def _eval_games(self, pid: str, player: Any, opp: str, seed: int) -> RunResult:
+        """``eval.games`` games of ``player`` (as ``pid``) vs ``opp`` per env, spread over
+        :meth:`eval_seats`; env seeds from ``seed``, the same at every evaluation."""
         specs = []
         for env in self.cfg.envs:
-            agents = self.seats[env.id]
-            mine = [i for i, a in enumerate(agents) if self.roles[pid] is None
-                    or a in self.roles[pid]]
-            per_seat = self.cfg.eval.games // len(mine)
+            mine = self.eval_seats(pid, opp, env.id)
+            per_seat = self.cfg.eval.games // max(1, len(mine))
             for k, seat in enumerate(mine):
                 for i in range(per_seat):
-                    players = tuple(pid if s == seat else opp for s in range(len(agents)))
+                    players = tuple(pid if s == seat else opp
+                                    for s in range(len(self.seats[env.id])))
                     specs.append(EpisodeSpec(env.id, players,
-                                             seed=10_000_019 * (k * per_seat + i + 1) + 7,
+                                             seed=seed * (k * per_seat + i + 1) + 7,
                                              env_kwargs=dict(env.kwargs)))
+        if not specs:
+            return RunResult([], [], {})
         runner_cfg = self.cfg.runner.model_copy(update={"random_seats": False, "seed": 12345})
-        records = EpisodeRunner({pid: player, opp: self.baselines[opp]},
-                                runner_cfg).run(specs).episodes
+        return EpisodeRunner({pid: player, opp: self.baselines[opp]}, runner_cfg).run(specs)
+
+    def _eval_pair(self, pid: str, player: LMPolicy, opp: str) -> dict[str, float]:
+        records = self._eval_games(pid, player, opp, seed=10_000_019).episodes
+        if not records:
+            return {}
         seats = max(len(a) for a in self.seats.values())
         wins, games = [0.0] * seats, [0] * seats
-        draws = invalid = moves = 0.0
+        draws = invalid = moves = returns = 0.0
         for rec in records:
             agent = next(a for a, p in rec.seats.items() if p == pid)
             seat = list(rec.seats).index(agent)
@@ -241,25 +268,51 @@ class LeagueWorkload:
             wins[seat] += rec.results[agent] in ("win", "solved")
             draws += rec.results[agent] == "draw"
             invalid += rec.invalid[agent]
+            returns += rec.returns[agent]
             n = len(rec.seats)
             moves += max(1, (rec.num_actions + (n - 1 - seat)) // n)
         suffix = f"_vs_{opp}@{pid}"
         played = [s for s in range(seats) if games[s]]
         rates = {s: wins[s] / games[s] for s in played}
         out = {f"eval/win_rate{suffix}": sum(rates.values()) / max(1, len(rates)),
-               f"eval/draw_rate{suffix}": draws / max(1, len(records)),
+               f"eval/return{suffix}": returns / len(records),
+               f"eval/draw_rate{suffix}": draws / len(records),
                f"eval/invalid_rate{suffix}": invalid / max(1.0, moves)}
         return out | {f"eval/win_rate_seat{s}{suffix}": r for s, r in rates.items()}
+
+    def heldout_pairs(self, pid: str) -> list[PreferenceExample]:
+        """Outcome pairs (:func:`~agentrt.objectives.outcome_pairs`) of ``eval.games`` games per
+        eval opponent, sampled at the policy's temperature, never trained on."""
+        lm = self.lm[pid]
+        sampler = LMPolicy(lm.engine, self.templates, trainable=True, memory=lm.memory)
+        trajs = [t for opp in self.cfg.eval.opponents
+                 for t in self._eval_games(pid, sampler, opp, seed=20_000_003).trajectories]
+        return outcome_pairs(trajs, pid)
+
+    def _pref_eval(self, ctl: Controller, pid: str) -> dict[str, float]:
+        """Held-out preference accuracy and margin of a preference learner. The pairs are built
+        at its first evaluation (step 0: the policy is its reference, so accuracy 0.5) and kept
+        (checkpointed), so every evaluation scores the same pairs."""
+        pool = ctl.pool_of(pid)
+        if pid not in self.heldout:
+            self.heldout[pid] = pool.fill_reference(self.heldout_pairs(pid), adapter=pid)
+        if not self.heldout[pid]:
+            return {}
+        metrics = pool.preference_eval(self.heldout[pid], adapter=pid)
+        return {f"{k}@{pid}": v for k, v in metrics.items()} | {
+            f"eval/pref_pairs@{pid}": float(len(self.heldout[pid]))}
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         return {"baselines": self.baselines,  # scripted policies carry RNG state
-                "tournament": self.tournament.state_dict(), "memory": self.memory.state_dict()}
+                "tournament": self.tournament.state_dict(), "memory": self.memory.state_dict(),
+                "heldout": self.heldout}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tournament.load_state_dict(state["tournament"])
         self.memory.load_state_dict(state.get("memory", {}))
         self.baselines = state["baselines"]
+        self.heldout = state.get("heldout", {})
 
     def finish(self, ctl: Controller) -> None:
         """Final leaderboard on the terminal, the HTML report, the final models."""
