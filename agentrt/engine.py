@@ -514,8 +514,12 @@ class HybridEngine:
     def save_pretrained(self, folder: str | Path) -> Path:
         """Writes the policy in Hugging Face format (the adapter alone for LoRA policies)."""
         folder = Path(folder)
-        if self.is_lora:
-            self.model.save_pretrained(folder, selected_adapters=[self.policy_id])
+        if self.is_lora:  # peft puts a non-"default" adapter in a subfolder; this one at the root
+            from agentrt.rollout.adapters import peft_config_dict, write_adapter
+
+            config = peft_config_dict(self.model.peft_config[self.policy_id])
+            config["base_model_name_or_path"] = str(self.shared.path)
+            write_adapter(folder, self.trainable_state(), config)
         else:
             self.model.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)

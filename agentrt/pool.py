@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 
 READ_ONLY = ("generate", "fill_reference", "preference_eval")
+_GLOBAL_RNG = threading.Lock()  # local pools take turns with torch's global generator
 
 
 class WorkerLost(AgentrtError):
@@ -298,10 +299,11 @@ class BasePool:
 class LocalPool(BasePool):
     """The pool API over one in-process worker (no Ray): tests, bench baseline, local runs.
 
-    Like a Ray worker process, the pool has its own torch RNG stream: sampling (``generate``)
-    draws from it and checkpoints save and restore it, so several local pools sample what the
-    same pools on Ray sample, whatever order the runner calls them in. Updates run outside it
-    (pools train in parallel threads; with dropout off they draw no random numbers).
+    Like a Ray worker process, the pool has its own torch RNG stream: every call (sampling,
+    adapter initialisation of a snapshot, dropout in SFT) draws from it and checkpoints save and
+    restore it, so several local pools draw what the same pools on Ray draw, whatever order the
+    runner calls them in. The stream is swapped into torch's one global generator, so calls of
+    different local pools (the controller's threads) take turns.
 
     Args:
         policies: One policy, or several LoRA policies sharing a base model.
@@ -310,13 +312,11 @@ class LocalPool(BasePool):
         workdir: Where a preset model is built.
     """
 
-    OWN_RNG = frozenset({"generate", "state_dict", "load_state_dict"})
-
     def __init__(self, policies: PolicyConfig | list[PolicyConfig], seed: int = 0,
                  total_steps: int = 1000, workdir: str | Path | None = None) -> None:
         policies = [policies] if isinstance(policies, PolicyConfig) else list(policies)
         super().__init__(policies)
-        with torch.random.fork_rng(devices=[]):
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             self.worker = PolicyWorker(policies, seed=seed, total_steps=total_steps,
                                        workdir=None if workdir is None else str(workdir))
             self._rng = torch.get_rng_state()  # as the worker process's after its start
@@ -328,9 +328,7 @@ class LocalPool(BasePool):
         return next(iter(self.worker.engines.values()))
 
     def _call_each(self, method: str, args: list[tuple]) -> list[Any]:
-        if method not in self.OWN_RNG:
-            return [getattr(self.worker, method)(*a) for a in args]
-        with torch.random.fork_rng(devices=[]):  # the global RNG is left as it was
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):  # the global RNG is left as it was
             torch.set_rng_state(self._rng)
             out = [getattr(self.worker, method)(*a) for a in args]
             self._rng = torch.get_rng_state()

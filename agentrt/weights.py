@@ -70,7 +70,7 @@ def swapped_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> Itera
     saved = {k: live[k].data for k in weights}
     try:
         for k, w in weights.items():
-            live[k].data = w
+            live[k].data = w.to(live[k].device)  # a CPU snapshot crosses to the GPU per call
         yield
     finally:
         for k, data in saved.items():
@@ -105,7 +105,7 @@ class SharedModel:
         self.adapters: dict[str, PolicyConfig] = {cfg.id: cfg}  # trainable policies
         self._active: str | None = cfg.id if self.is_lora else None  # peft's active adapter
         self.frozen: dict[str, dict[str, torch.Tensor]] = {}  # full-weight snapshots (CPU)
-        self.frozen_adapters: set[str] = set()  # LoRA snapshots (adapters, no grad)
+        self.frozen_adapters: dict[str, str] = {}  # LoRA snapshot -> its source policy
         self.vllm: Any = None
         if cfg.rollout.backend == "vllm":
             from agentrt.rollout.vllm_backend import VLLMRollout
@@ -194,7 +194,7 @@ class SharedModel:
         state = self.weights(source)
         if self.is_lora:
             self.model.add_adapter(name, peft_config(self.adapters[source]))
-            self.frozen_adapters.add(name)
+            self.frozen_adapters[name] = source
             self.load_weights(name, state)
             self.activate(source, force=True)  # add_adapter leaves the new one trainable
         else:
@@ -211,7 +211,7 @@ class SharedModel:
             raise KeyError(f"{name!r} is not a snapshot here")
         self.activate(next(iter(self.adapters)), force=True)
         self.model.delete_adapter(name)
-        self.frozen_adapters.discard(name)
+        del self.frozen_adapters[name]
         if self.vllm is not None and name in self.vllm.adapters:
             self.vllm.remove_adapter(name)
 
@@ -222,7 +222,7 @@ class SharedModel:
             return 0.0
         if not self.is_lora:
             return float(self.vllm.sync_weights(self.model.state_dict(), version))
-        cfg = self.adapters.get(name) or next(iter(self.adapters.values()))
+        cfg = self.adapters.get(name) or self.adapters[self.frozen_adapters[name]]
         t0 = time.perf_counter()
         state = self.weights(name)
         if name in self.vllm.adapters:

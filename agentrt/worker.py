@@ -45,8 +45,9 @@ class GlooDataParallel:
         world: Number of replicas.
     """
 
-    def __init__(self, rank: int, world: int) -> None:
+    def __init__(self, rank: int, world: int, device: torch.device | None = None) -> None:
         self.rank, self.world = rank, world
+        self.device = device or torch.device("cpu")  # NCCL reduces tensors on the GPU
 
     def local_rows(self, n: int) -> slice:
         """Contiguous, near-equal shares; the pool makes every mini-batch have >= world rows."""
@@ -55,8 +56,8 @@ class GlooDataParallel:
     def sync_grads(self, params: list[nn.Parameter], finite: bool) -> bool:
         """Sums gradients over replicas with one all-reduce of a flat bucket plus a NaN flag."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.detach().reshape(-1).float() for g in grads]
-                         + [torch.zeros(1)])
+        flat = torch.cat([g.detach().reshape(-1).float().to(self.device) for g in grads]
+                         + [torch.zeros(1, device=self.device)])
         if not finite:  # this replica's loss was non-finite: flag it, send no garbage
             flat.zero_()
             flat[-1] = 1.0
@@ -75,7 +76,8 @@ class GlooDataParallel:
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """Sums loss shares over replicas and averages the rest (same keys on every replica)."""
         keys = sorted(metrics)
-        values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
+        values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64,
+                              device=self.device)
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
         return {k: float(v) if is_share_metric(k) else float(v) / self.world
                 for k, v in zip(keys, values.tolist())}
@@ -161,7 +163,9 @@ class PolicyWorker:
         backend = "nccl" if self.shared.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
-        self.dp = GlooDataParallel(rank, world)
+        self.dp = GlooDataParallel(rank, world, self.shared.device)
+        if rank:  # replicas sample their shares of the prompts from different streams
+            torch.manual_seed(torch.initial_seed() + 1_000_003 * rank)
         for eng in self.engines.values():
             eng.set_data_parallel(self.dp)
 
@@ -249,6 +253,7 @@ class PolicyWorker:
         self.sft_state.pop(eng.policy_id, None)
         eng.restart_version()
         eng.reset_reference()  # KL is measured against the warm-started policy, not the base
+        eng.sync_rollout()  # vLLM's copy now carries version 0 too
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self, adapter: str, tag: str) -> str:
