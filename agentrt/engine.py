@@ -187,6 +187,15 @@ class HybridEngine:
     def _base_lm(self) -> nn.Module:
         return self.model.get_base_model() if self.is_lora else self.model
 
+    def rebase_critic(self) -> None:
+        """A fresh critic (and its optimizer) from the current policy weights: after a warm
+        start the critic should read the warm-started body, not the one the run began with."""
+        if self.critic is None:
+            return
+        self.critic = ValueModel(self._base_lm()).to(self.device)
+        self.critic_optimizer = make_optimizer(list(self.critic.parameters()), self.cfg.optim,
+                                               lr=self.algo.critic_lr)
+
     def reset_reference(self) -> None:
         """Makes the current weights the reference (call after an SFT warm start): a frozen
         snapshot ``"<policy>@ref"`` (an adapter for LoRA policies, CPU weights otherwise)."""

@@ -253,6 +253,7 @@ class PolicyWorker:
         self.sft_state.pop(eng.policy_id, None)
         eng.restart_version()
         eng.reset_reference()  # KL is measured against the warm-started policy, not the base
+        eng.rebase_critic()  # the critic reads the warm-started body too
         eng.sync_rollout()  # vLLM's copy now carries version 0 too
 
     # ------------------------------------------------------------------ snapshots

@@ -231,3 +231,21 @@ def test_lora_dropout_is_off_in_rl_updates_so_the_first_ratio_is_one(tiny_model_
     else:
         assert m["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
         assert m["actor/clipfrac"] == 0.0
+
+
+def test_warm_start_end_rebases_the_critic_on_the_warm_started_body(tiny_model_dir):
+    from agentrt.config import SFTConfig
+    from agentrt.worker import PolicyWorker
+
+    cfg = PolicyConfig(model=ModelConfig(path=str(tiny_model_dir)),
+                       algorithm=AlgorithmConfig(name="ppo"),
+                       rollout={"sampling": SamplingConfig(max_new_tokens=4)})
+    worker = PolicyWorker([cfg])
+    eng = worker.engines[cfg.id]
+    batch, _ = rollout_batch(eng)
+    worker.sft_step(batch, SFTConfig(steps=1, lr=1e-2))
+    body = dict(eng.critic.body.named_parameters())
+    assert any(not torch.equal(p, body[k]) for k, p in eng.model.model.named_parameters())
+    worker.end_sft()
+    body = dict(eng.critic.body.named_parameters())
+    assert all(torch.equal(p, body[k]) for k, p in eng.model.model.named_parameters())
