@@ -56,18 +56,30 @@ def export_old(dest: Path) -> Path:
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
     target = dest / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "-t", str(target), str(src)], check=True)
+                    "--no-build-isolation", "-t", str(target), str(src)], check=True,
+                   capture_output=True)
     return target
 
 
-def run_arm(old: str, run_dir: Path, steps: int, threads: int) -> float:
+def shared_config(dest: Path) -> Path:
+    """The example without its ``runtime:`` section (the old code has none; local either way)."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "examples" / "ttt_league.yaml").read_text())
+    data.pop("runtime", None)
+    path = dest / "ttt_league.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_arm(old: str, config: Path, run_dir: Path, steps: int, threads: int) -> float:
     """Seconds for ``steps`` league steps after the warm start (fresh run folder)."""
     overrides = [f"run_dir={run_dir}", "progress=false", f"threads={threads}",
                  "warm_start.steps=20", "eval.every=1000", "eval.games=8",
                  "checkpoint.every=1000", f"train.steps={steps}"]
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
-    out = subprocess.run([sys.executable, "-c", ARM, old, json.dumps(overrides),
-                          str(ROOT / "examples" / "ttt_league.yaml"), str(steps)],
+    out = subprocess.run([sys.executable, "-c", ARM, old, json.dumps(overrides), str(config),
+                          str(steps)],
                          capture_output=True, text=True, env=env, cwd=ROOT)
     if out.returncode != 0:
         raise SystemExit(f"arm {'old' if old != '-' else 'new'} failed:\n{out.stderr[-3000:]}")
@@ -82,10 +94,12 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="league-speed-") as tmp:
         old = str(export_old(Path(tmp) / "old"))
+        config = shared_config(Path(tmp))
         times: dict[str, list[float]] = {"old": [], "new": []}
         for r in range(args.rounds + 1):
             for name, code in (("old", old), ("new", "-")):
-                seconds = run_arm(code, Path(tmp) / f"{name}{r}", args.steps, args.threads)
+                seconds = run_arm(code, config, Path(tmp) / f"{name}{r}", args.steps,
+                                  args.threads)
                 if r:  # round 0 warms the file cache and pip's byte-compiled modules
                     times[name].append(seconds / args.steps)
                 print(f"round {r} {name}: {seconds / args.steps:.3f} s/step"
