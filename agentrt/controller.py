@@ -33,7 +33,8 @@ from agentrt.config import PolicyConfig, RuntimeConfig, SamplingConfig
 from agentrt.engine import Completion
 from agentrt.objectives import learn
 from agentrt.plot import plot_metrics
-from agentrt.pool import BasePool, LocalPool, PolicyPool
+from agentrt.pool import BasePool, LocalPool
+from agentrt.ray_pool import PolicyPool
 from agentrt.progress import StepProgress
 from agentrt.run import RunDir, Timer, load_checkpoint, rng_state, set_rng_state
 from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunnerConfig, RunResult

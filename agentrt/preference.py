@@ -25,14 +25,14 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from agentrt.algos import PREFERENCE_LOSSES, PreferenceIndex, sequence_logps
-from agentrt.algos.preference import group_mean
+from agentrt.algos import PreferenceIndex, sequence_logps
 from agentrt.config import DataConfig
-from agentrt.engine import HybridEngine, chunks, shift_logprobs
+from agentrt.engine import HybridEngine
+from agentrt.steps import chunks
 from agentrt.errors import AgentrtError
 from agentrt.tasks import encode_prompt
 from agentrt.types import TrainBatch, Trajectory, Turn, collate

@@ -26,7 +26,8 @@ import torch.distributed as dist
 from torch import nn
 
 from agentrt.config import PolicyConfig, SamplingConfig, SFTConfig
-from agentrt.engine import Completion, HybridEngine, is_share_metric
+from agentrt.engine import Completion, HybridEngine
+from agentrt.steps import is_share_metric
 from agentrt.optim import make_scheduler
 from agentrt.types import TrainBatch
 from agentrt.weights import SharedModel

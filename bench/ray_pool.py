@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from agentrt.config import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
-from agentrt.pool import BasePool, LocalPool, PolicyPool
+from agentrt.pool import BasePool, LocalPool
+from agentrt.ray_pool import PolicyPool
 from agentrt.types import Trajectory, Turn
 
 

@@ -199,7 +199,7 @@ def test_entropy_and_whiten():
     assert float(entropy_from_logits(logits)) == pytest.approx(math.log(4))
     # The entropy a token carries is that of the softmax it was sampled from (the previous
     # position's logits), the same alignment as its log-prob.
-    from agentrt.engine import shift_entropy, shift_logprobs
+    from agentrt.steps import shift_entropy, shift_logprobs
 
     sharp = torch.full((4,), -30.0).index_fill(0, torch.tensor([2]), 30.0)
     seq = torch.stack([torch.zeros(4), sharp, torch.zeros(4)])[None]  # [1, 3, 4]

@@ -144,7 +144,7 @@ def test_dpo_small_beta_gradient_is_the_log_ratio_difference_direction(tiny_mode
     """grad DPO = -beta sigma(-beta h) grad h per pair -> -(beta / 2) grad sum(h) as beta -> 0."""
     from agentrt.policies.models import load_model
     from agentrt.preference import make_batch, PreferenceExample
-    from agentrt.engine import shift_logprobs
+    from agentrt.steps import shift_logprobs
 
     torch.manual_seed(0)
     model, tok = load_model(tiny_model_dir)

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from agentrt.config import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
-from agentrt.pool import LocalPool, PolicyPool
+from agentrt.pool import LocalPool
+from agentrt.ray_pool import PolicyPool
 from agentrt.types import Trajectory, Turn
 
 
