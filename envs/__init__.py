@@ -30,6 +30,12 @@ register("Bargain-v0", Bargain, multi_agent=True)
 register("Task-v0", TaskEnv, multi_agent=False)
 register("ToolUse-v0", CalculatorEnv, multi_agent=False)
 register("Recall-v0", RecallEnv, multi_agent=False)
+# The decomposer's envs live in agentrt.decomposer (a layer above envs), imported on make.
+register("Decompose-v0", "agentrt.decomposer.env:ChainEnv", multi_agent=True)
+register("WordChain-v0", "agentrt.decomposer.env:WholeTaskEnv", multi_agent=False,
+         family="wordchain")
+register("EventPlan-v0", "agentrt.decomposer.env:WholeTaskEnv", multi_agent=False,
+         family="eventplan")
 register("OpenSpiel-v0", "agentrt.envs.openspiel_env:OpenSpielEnv", multi_agent=True,
          extra="games")
 register("TextArena-v0", "agentrt.envs.textarena_env:TextArenaEnv", multi_agent=True,

@@ -34,7 +34,8 @@ class ActRequest:
             previous.response_ids``.
 
     ``observation``, ``legal_actions`` and ``state`` are read from the env when first used (cheap
-    for scripted policies that never look at the text).
+    for scripted policies that never look at the text); ``max_new_tokens`` is the env's token
+    budget for this action (``env.max_new_tokens(agent)``, None when the env sets none).
     """
 
     __slots__ = ("episode_id", "env_name", "agent", "seat", "turn_index", "attempt", "previous",
@@ -74,6 +75,12 @@ class ActRequest:
         if self._state == ():
             self._state = self._env.observe_struct(self.agent)
         return self._state
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """The env's token budget of this action, if it has one."""
+        budget = getattr(self._env, "max_new_tokens", None)
+        return budget(self.agent) if callable(budget) else None
 
     def __repr__(self) -> str:
         return (f"ActRequest(env={self.env_name!r}, agent={self.agent!r}, "

@@ -132,7 +132,7 @@ class LMPolicy:
                 continue
             prompts.append(ids)
             index.append(i)
-        completions = self.engine.generate(prompts, self.sampling) if prompts else []
+        completions = self._generate(prompts, [requests[i].max_new_tokens for i in index])
         version = self.version
         for i, ids, comp in zip(index, prompts, completions):
             req = requests[i]
@@ -143,6 +143,24 @@ class LMPolicy:
                         memory_ids=list(contexts[i][1]), info={"action": text})
             actions[i] = Action(text, turn)
         return actions  # type: ignore[return-value]
+
+
+    def _generate(self, prompts: list[list[int]], budgets: list[int | None]) -> list[Any]:
+        """One generate call per distinct token budget (one call when the env sets none)."""
+        if not prompts:
+            return []
+        limit = self.max_new_tokens
+        caps = [limit if b is None else max(1, min(limit, int(b))) for b in budgets]
+        if all(c == limit for c in caps):
+            return self.engine.generate(prompts, self.sampling)
+        sampling = self.sampling or self.engine.cfg.rollout.sampling
+        out: list[Any] = [None] * len(prompts)
+        for cap in sorted(set(caps)):
+            idx = [i for i, c in enumerate(caps) if c == cap]
+            capped = sampling.model_copy(update={"max_new_tokens": cap})
+            for i, comp in zip(idx, self.engine.generate([prompts[i] for i in idx], capped)):
+                out[i] = comp
+        return out
 
 
 def bank_memory(bank: Any, tokenizer: Any, policy_id: str, k: int = 4, token_budget: int = 128,

@@ -53,6 +53,13 @@ class RunnerConfig(BaseModel):
     record_text: bool = Field(False, description="Keep observation text in Turn.info (logs).")
     vectorize: bool = Field(True, description="Use the numpy fast path when every policy is "
                                               "scripted and the env has a vector game.")
+    policy_errors: Literal["raise", "record"] = Field(
+        "raise", description="A policy whose act() raises stops the run ('raise'), or its "
+                             "episodes record the error and go on ('record': the env's "
+                             "on_policy_error hook if it has one, else the episode ends).")
+
+
+ROUTED = "*"  # a seat bound to a policy when it first acts (EpisodeRunner's ``route``)
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,9 @@ class EpisodeSpec:
 
     Attributes:
         env: Registered env id.
-        players: Policy ids, one per seat of the env (shuffled over seats if random_seats).
+        players: Policy ids, one per seat of the env (shuffled over seats if random_seats);
+            :data:`ROUTED` ("*") leaves a seat to the runner's ``route`` when it first acts
+            (a seat that never acts is left out of the record).
         seed: Env seed (default: derived from the runner seed and the spec's position).
         env_kwargs: Keyword arguments of ``make``.
         options: Passed to ``env.reset(options=...)``.
@@ -148,13 +157,17 @@ class EpisodeRunner:
     Args:
         policies: ``{policy_id: Policy or callable}``; ids are what specs name in ``players``.
         config: Runner settings.
+        route: ``route(env, agent) -> policy_id`` binds a :data:`ROUTED` seat when its agent
+            first acts (the decomposer's router).
     """
 
-    def __init__(self, policies: Mapping[str, Any], config: RunnerConfig | None = None) -> None:
+    def __init__(self, policies: Mapping[str, Any], config: RunnerConfig | None = None,
+                 route: Callable[[Any, str], str] | None = None) -> None:
         if not policies:
             raise ConfigError("the runner needs at least one policy")
         self.policies: dict[str, Policy] = {k: as_policy(v) for k, v in policies.items()}
         self.cfg = config or RunnerConfig()
+        self.route = route
         self.rng = random.Random(self.cfg.seed)
         self._pool: dict[str, list[Any]] = defaultdict(list)
 
@@ -207,7 +220,8 @@ class EpisodeRunner:
     # ------------------------------------------------------------------ episode life
     def _validate(self, episodes: Sequence[EpisodeSpec]) -> None:
         for spec in episodes:
-            unknown = [p for p in spec.players if p not in self.policies]
+            unknown = [p for p in spec.players if p not in self.policies
+                       and not (p == ROUTED and self.route is not None)]
             if unknown:
                 raise ConfigError(f"episode of {spec.env!r} names unknown policy {unknown[0]!r}; "
                                   f"known: {', '.join(sorted(self.policies))}")
@@ -234,10 +248,17 @@ class EpisodeRunner:
             turns = ep.turns[agent]
             req = ActRequest(ep.env, ep.id, ep.spec.env, agent, ep.seat_of[agent],
                              ep.counts[agent], ep.streak, turns[-1] if turns else None)
-            waiting[ep.seats[agent]].append((ep, req))
+            waiting[self._bind(ep, agent)].append((ep, req))
         for pid, items in waiting.items():
             t0 = time.perf_counter()
-            actions = self.policies[pid].act([req for _, req in items])
+            try:
+                actions = self.policies[pid].act([req for _, req in items])
+            except Exception as e:
+                if self.cfg.policy_errors == "raise":
+                    raise
+                for ep, req in items:
+                    _policy_error(ep, req.agent, f"{type(e).__name__}: {e}")
+                continue
             stats.policy_call(pid, len(items), time.perf_counter() - t0)
             if len(actions) != len(items):
                 raise AgentrtError(f"policy {pid!r} returned {len(actions)} actions for "
@@ -246,6 +267,18 @@ class EpisodeRunner:
             for (ep, req), action in zip(items, actions):
                 self._apply(ep, req, action if isinstance(action, Action) else Action(action))
             stats.env_s += time.perf_counter() - t0
+
+    def _bind(self, ep: _Episode, agent: str) -> str:
+        """The policy of ``agent``: its seat's, or the router's pick for a :data:`ROUTED` seat."""
+        pid = ep.seats[agent]
+        if pid == ROUTED:
+            assert self.route is not None
+            pid = self.route(ep.env, agent)
+            if pid not in self.policies:
+                raise ConfigError(f"the router picked unknown policy {pid!r}; known: "
+                                  f"{', '.join(sorted(self.policies))}")
+            ep.seats[agent] = pid
+        return pid
 
     def _apply(self, ep: _Episode, req: ActRequest, action: Action) -> None:
         agent, env, cfg = req.agent, ep.env, self.cfg
@@ -281,6 +314,9 @@ class EpisodeRunner:
             ep.ended_by = "turn_limit"
 
     def _finish(self, ep: _Episode, out: list[Trajectory]) -> EpisodeRecord:
+        if ROUTED in ep.seats.values():  # seats that never acted are not part of the episode
+            ep.seats = {a: p for a, p in ep.seats.items() if p != ROUTED}
+            ep.returns = {a: r for a, r in ep.returns.items() if a in ep.seats}
         results = episode_results(ep.returns, ep.forfeit, str(ep.ended_by))
         final = {a: {k: v for k, v in ep.env.infos.get(a, {}).items() if k != "legal_actions"}
                  for a in ep.returns}
@@ -315,6 +351,21 @@ class EpisodeRunner:
         return Trajectory(turns=turns, group_id=f"{env_id}|{agent}|{pid}|{key}",
                           episode_id=ep.id, env=ep.spec.env, role=agent, policy_id=pid,
                           outcome=outcome, info=info)
+
+
+def _policy_error(ep: _Episode, agent: str, message: str) -> None:
+    """A policy raised instead of acting for ``agent``: the env's ``on_policy_error`` records it
+    and the episode goes on; an env without that hook ends the episode ("policy_error")."""
+    hook = getattr(ep.env, "on_policy_error", None)
+    if hook is None:
+        ep.ended_by = "policy_error"
+        return
+    hook(agent, message)
+    for a, r in ep.env.rewards.items():
+        if r:
+            ep.credit(a, float(r))
+    if ep.env.done:
+        ep.ended_by = "terminated"
 
 
 class _Stats:

@@ -1,0 +1,3 @@
+"""Built-in task families (importing this package registers them)."""
+
+from agentrt.decomposer.families import wordchain  # noqa: F401
