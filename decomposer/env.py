@@ -285,7 +285,8 @@ class WholeTaskEnv(TextEnv):
             verdict = as_verdict(self.family.verify(self.task, text))
         except Exception as e:
             verdict = Verdict(False, f"verifier raised {type(e).__name__}: {e}")
-        return "", verdict.reward, True, False, {"reason": verdict.reason, "invalid_action": False,
+        return "", verdict.reward, True, False, {"reason": "" if verdict.ok else verdict.reason,
+                                                 "invalid_action": False,
                                                  "answer": self.family.answer_of(self.task)}
 
     def _render(self) -> str:
