@@ -117,6 +117,46 @@ def tournament_report(run_dir: Path = typer.Argument(..., help="A tournament run
     typer.echo(f"report: {write_report(MatchStore(run_dir))}")
 
 
+decompose_app = typer.Typer(no_args_is_help=True,
+                            help="Long tasks split into subtask chains run by specialists.")
+app.add_typer(decompose_app, name="decompose")
+
+
+@decompose_app.command("run")
+def decompose_run(
+    config: Path = typer.Argument(..., help="YAML decomposer config (see examples/)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
+    run_dir: Optional[str] = typer.Option(None, help="Output folder (overrides run_dir)."),
+) -> None:
+    """Train a planner and its specialists on a task family's chains; resumes if the folder
+    has a checkpoint; ends with held-out success and the HTML report."""
+    _setup()
+    from agentrt.config import load_config
+    from agentrt.decomposer.config import DecomposeConfig
+    from agentrt.decomposer.workload import Decomposer
+
+    overrides = list(set_ or []) + ([f"run_dir={run_dir}"] if run_dir else [])
+    cfg = load_config(config, overrides, model=DecomposeConfig)
+    runner = Decomposer(cfg)
+    last = runner.run()
+    typer.echo(f"run folder: {runner.run_dir.path}")
+    if "eval/success" in last:
+        typer.echo(f"held-out task success: {last['eval/success']:.3f}, plan validity: "
+                   f"{last['eval/plan_valid']:.3f}")
+    typer.echo(f"report: {runner.run_dir.path / 'report.html'}")
+
+
+@decompose_app.command("report")
+def decompose_report(run_dir: Path = typer.Argument(..., help="A decomposer run folder.")
+                     ) -> None:
+    """Rebuild the HTML report (success per subtask type, routing over time, example chains)."""
+    from agentrt.decomposer.report import write_report
+
+    if not (run_dir / "chains.jsonl").is_file():
+        raise AgentrtError(f"{run_dir} has no chains.jsonl; is it a decomposer run folder?")
+    typer.echo(f"report: {write_report(run_dir)}")
+
+
 def main() -> None:
     import click
 

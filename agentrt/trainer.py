@@ -167,6 +167,9 @@ class PromptWorkload:
     def players(self, specs: list[EpisodeSpec]) -> dict[str, Any]:
         return {self.pid: self.policy}
 
+    def seat_router(self) -> None:
+        return None  # every seat names its policy
+
     def on_episode_end(self) -> None:
         return None
 

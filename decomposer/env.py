@@ -29,7 +29,7 @@ from typing import Any, Literal
 from agentrt.decomposer.plan import Plan, PlanError, Step, parse_plan
 from agentrt.decomposer.sdk import WHOLE, StepContext, Task, TaskFamily, Verdict, as_verdict
 from agentrt.decomposer.sdk import make_family
-from agentrt.envs.core import MultiAgentEnv, TextEnv, action_text
+from agentrt.envs.core import MultiAgentEnv, TextEnv, action_text, clean_text
 
 PLANNER = "planner"
 
@@ -182,13 +182,14 @@ class ChainEnv(MultiAgentEnv):
         try:
             plan = parse_plan(text, known, self.max_subtasks, budgets, self.token_budget)
         except PlanError as e:
-            self.plan_text = text.strip()[:120]
+            self.plan_text = clean_text(text.strip(), 120)
             self._end("bad_plan", f"{e.kind}: {e.reason}", plan_error=e.kind)
             return
         self._start(plan)
 
     def _apply_output(self, agent: str, text: str, error: str | None) -> None:
         step = self.step_now
+        observation = self.observe(agent)  # what the policy (and the router) saw
         if error is None:
             try:
                 verdict = as_verdict(self.family.types[step.type].verify(self.context(), text))
@@ -199,7 +200,8 @@ class ChainEnv(MultiAgentEnv):
         self.rewards[agent] = verdict.reward
         self.infos[agent].update(subtask=step.type, subtask_ok=verdict.ok, step=step.id)
         self.history.append({"agent": agent, "step": step.id, "type": step.type,
-                             "output": text.strip()[:200], "ok": verdict.ok,
+                             "observation": observation[:1000], "output": text.strip()[:200],
+                             "ok": verdict.ok,
                              "reason": verdict.reason if not verdict.ok else "",
                              "reward": verdict.reward})
         if verdict.ok or self.on_failure == "continue":

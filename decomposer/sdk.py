@@ -202,6 +202,20 @@ class TaskFamily:
             outputs[step.id] = ref(StepContext(task, step, plan, outputs)) if ref else ""
         return outputs
 
+    def demonstrations(self, task: Task) -> list[tuple[str, str, str]]:
+        """SFT rows ``(who, observation, target)`` of ``task``: the planner's (who "planner",
+        the rule plan), each step of the rule plan on reference inputs (who: its type) and the
+        whole task (who :data:`WHOLE`). Observations are exactly what ``Decompose-v0`` shows."""
+        plan = self.rule_plan(task)
+        outputs = self.reference_outputs(task, plan)
+        rows = [("planner", self.planner_prompt(task), plan.text)]
+        for step in plan.steps:
+            done = {s.id: outputs[s.id] for s in plan.steps[:plan.steps.index(step)]}
+            ctx = StepContext(task, step, plan, done)
+            rows.append((step.type, self.types[step.type].observe(ctx), outputs[step.id]))
+        rows.append((WHOLE, self.whole_prompt(task), self.answer(task, plan, outputs)))
+        return rows
+
     def splits(self, train_size: int, eval_size: int, seed: int) -> tuple[list[Task], list[Task]]:
         """(train, eval) tasks, deterministic in ``seed``; no eval task text is in train."""
         rng = random.Random(seed)

@@ -96,11 +96,15 @@ class Action:
         turn: The LM turn that produced it (token ids and log-probs), None for non-LM policies.
         truncate: True when the policy cannot go on (e.g. its context is full); the runner then
             ends the episode as truncated.
+        error: Set when the policy raised instead of acting (the exception, one line); the
+            runner counts it as an invalid action, or with ``policy_errors="record"`` hands it
+            to the env's ``on_policy_error`` hook.
     """
 
     text: Any
     turn: Turn | None = None
     truncate: bool = False
+    error: str | None = None
 
 
 @runtime_checkable
@@ -137,7 +141,8 @@ class CallablePolicy:
                 self.errors += 1
                 if self.errors == 1:
                     log.warning("policy callable raised (action counted invalid): %r", exc)
-                result = None
+                out.append(Action(None, error=f"{type(exc).__name__}: {exc}"))
+                continue
             out.append(result if isinstance(result, Action) else Action(result))
         return out
 

@@ -167,6 +167,9 @@ class LeagueWorkload:
             self.frozen[key] = LMPolicy(self.ctl.handle(key), self.templates, trainable=False)
         return self.frozen[key]
 
+    def seat_router(self) -> None:
+        return None  # every seat names its policy
+
     def on_episode_end(self) -> Any:
         return self.memory.on_episode_end if self.memory.policies else None
 

@@ -283,6 +283,9 @@ class EpisodeRunner:
     def _apply(self, ep: _Episode, req: ActRequest, action: Action) -> None:
         agent, env, cfg = req.agent, ep.env, self.cfg
         ep.num_actions += 1
+        if action.error is not None and cfg.policy_errors == "record":
+            _policy_error(ep, agent, action.error)
+            return
         if action.truncate:
             ep.ended_by = "context"
             return
@@ -325,7 +328,7 @@ class EpisodeRunner:
                                results, ep.num_actions, dict(ep.invalid), str(ep.ended_by),
                                final, versions)
         for agent, turns in ep.turns.items():
-            pid = ep.seats[agent]
+            pid = ep.seats.get(agent, ROUTED)  # an agent with turns has acted, so is bound
             if turns and self.policies[pid].trainable:
                 out.append(self._trajectory(ep, agent, pid, turns, record))
         self._pool[ep.key].append(ep.env)

@@ -1,0 +1,309 @@
+"""``agentrt decompose run``: the decomposer's scheduler on the controller loop.
+
+Each step draws ``tasks_per_step`` training tasks and plays ``group_size`` chains of each
+(``Decompose-v0`` through the episode runner: the chains of a step run at once, the requests of
+all chains waiting on one policy go to it in one batched generate). The router binds every
+subtask attempt to a specialist when it first acts, and learns from the step's outcomes.
+
+Credit at two levels: a specialist's trajectory (one per attempt) earns its subtask verifier's
+reward plus ``chain.outcome_share`` of the task outcome, with a baseline per (subtask type,
+policy); the LM planner's trajectory earns the task outcome, with a baseline per task over its
+``group_size`` chains. Each policy then trains through its objective like any other workload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+from collections import Counter, defaultdict
+from typing import Any, Callable
+
+from agentrt.config import dump_config
+from agentrt.controller import Controller, greedy, set_threads
+from agentrt.decomposer.config import DecomposeConfig
+from agentrt.decomposer.env import PLANNER, ChainEnv, family_splits
+from agentrt.decomposer.router import Router
+from agentrt.decomposer.sdk import WHOLE
+from agentrt.errors import ConfigError
+from agentrt.policies.base import as_policy
+from agentrt.policies.lm import LMPolicy, PromptTemplate
+from agentrt.run import RunDir, atomic_write_text, seed_everything
+from agentrt.runner.core import ROUTED, EpisodeRecord, EpisodeRunner, EpisodeSpec, RunnerConfig
+from agentrt.runner.core import RunResult
+from agentrt.tasks import Example
+from agentrt.trainer import PromptSampler, demonstrations
+
+log = logging.getLogger(__name__)
+
+# Every observation is the whole state of its step: bos + observation, as SFT rows see it.
+CHAIN_TEMPLATE = PromptTemplate(first="{observation}", history=False)
+ENV = "Decompose-v0"
+
+
+def load_tool(spec: str) -> Callable[..., Any]:
+    """The callable ``'module:function'`` names (a Python specialist)."""
+    module, _, attr = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"tools: cannot load {spec!r} ({e})") from None
+
+
+class DecomposeWorkload:
+    """Chains of a task family for a planner and its specialists (see the module docstring)."""
+
+    label = "decompose"
+
+    def __init__(self, cfg: DecomposeConfig) -> None:
+        self.cfg = cfg
+        f = cfg.family
+        self.family, self.train_tasks, self.eval_tasks = family_splits(
+            f.name, json.dumps(f.options, sort_keys=True), f.train_size, f.eval_size, f.seed)
+        self.steps, self.progress = cfg.train.steps, cfg.progress
+        self.eval_every, self.checkpoint_every = cfg.eval.every, cfg.checkpoint.every
+        self.checkpoint_keep = cfg.checkpoint.keep
+        self.planner = cfg.planner.policy if cfg.planner.kind == "lm" else None
+        probe = ChainEnv(**self.env_kwargs("train"))
+        self.seats = len(probe.possible_agents)
+        self.runner = RunnerConfig(concurrency=cfg.train.tasks_per_step * cfg.train.group_size,
+                                   random_seats=False, invalid_penalty=0.0,
+                                   max_turns=self.seats + 1, seed=cfg.seed,
+                                   policy_errors="record")
+        self.tasks = PromptSampler(list(range(len(self.train_tasks))), cfg.seed)
+        self.tools = {t.id: as_policy(load_tool(t.fn)) for t in cfg.tools}
+        self.router = Router(cfg.router, cfg.specialists(),
+                             {k: t.skills for k, t in self.family.types.items()}, seed=cfg.seed,
+                             memory_path=None)
+        self.last_step = 0  # the step whose chains were recorded last
+
+    def config_text(self) -> str:
+        return dump_config(self.cfg)
+
+    def env_kwargs(self, split: str) -> dict[str, Any]:
+        c, f, p = self.cfg.chain, self.cfg.family, self.cfg.planner
+        return {"family": f.name, "options": dict(f.options), "split": split,
+                "train_size": f.train_size, "eval_size": f.eval_size, "seed": f.seed,
+                "planner": p.kind, "max_subtasks": p.max_subtasks, "token_budget": p.token_budget,
+                "on_failure": c.on_failure, "repairs": c.repairs,
+                "outcome_share": c.outcome_share}
+
+    # ------------------------------------------------------------------ set-up
+    def start(self, ctl: Controller) -> None:
+        self.run_dir = ctl.run_dir
+        self.chains_path = ctl.run_dir.path / "chains.jsonl"
+        sampling = {p.id: p.rollout.sampling for p in self.cfg.policies}
+        handles = {p.id: ctl.handle(p.id) for p in self.cfg.policies}
+        self.policies: dict[str, Any] = {pid: LMPolicy(h, CHAIN_TEMPLATE)
+                                         for pid, h in handles.items()} | self.tools
+        self.eval_policies: dict[str, Any] = {
+            pid: LMPolicy(h, CHAIN_TEMPLATE, trainable=False,
+                          sampling=greedy(sampling[pid]) if self.cfg.eval.greedy else None)
+            for pid, h in handles.items()} | self.tools
+
+    def warm_start(self, ctl: Controller) -> dict[str, float]:
+        """SFT of every trainable LM policy on reference rows of the training tasks it would
+        do: the planner on rule plans, a specialist on its subtask types' reference outputs."""
+        s = self.cfg.sft
+        metrics: dict[str, float] = {}
+        if not s.steps:
+            return metrics
+        from agentrt.progress import StepProgress
+
+        rows = self.demonstration_rows()
+        for pid, examples in rows.items():
+            sampler = PromptSampler(examples, self.cfg.seed + 1)
+            tokenizer = ctl.tokenizer(pid)
+            bar = StepProgress(s.steps, enabled=self.progress, label=f"sft {pid}")
+            for i in range(s.steps):
+                m = ctl.sft_step(pid, demonstrations(tokenizer, sampler.next(s.batch_size)), s)
+                bar.update(i + 1, {"sft/loss": m["sft/loss"]})
+            bar.close()
+            ctl.end_sft(pid)
+            metrics[f"sft/loss@{pid}"] = m["sft/loss"]
+        return metrics
+
+    def demonstration_rows(self) -> dict[str, list[Example]]:
+        """SFT rows per trainable LM policy (see :meth:`warm_start`)."""
+        skills = self.cfg.specialists()
+        types = self.family.types
+        out: dict[str, list[Example]] = {}
+        for p in self.cfg.policies:
+            if not p.trainable:
+                continue
+            mine = {k for k, t in types.items() if set(t.skills) & set(skills.get(p.id, ()))}
+            if self.cfg.planner.kind == "single":
+                mine &= {WHOLE}
+            else:
+                mine -= {WHOLE}
+            rows = [Example(obs, target) for task in self.train_tasks
+                    for who, obs, target in self.family.demonstrations(task)
+                    if who in mine or (who == PLANNER and p.id == self.planner)]
+            if rows:
+                out[p.id] = rows
+        return out
+
+    # ------------------------------------------------------------------ one step
+    def specs(self, split: str, indices: list[int], group_size: int) -> list[EpisodeSpec]:
+        players = (self.planner or ROUTED,) + (ROUTED,) * (self.seats - 1)
+        kwargs = self.env_kwargs(split)
+        return [EpisodeSpec(ENV, players, seed=i * 1000 + g, env_kwargs=kwargs,
+                            options={"index": i}, group=f"task{i}")
+                for i in indices for g in range(group_size)]
+
+    def next_episodes(self, step: int) -> list[EpisodeSpec]:
+        return self.specs("train", self.tasks.next(self.cfg.train.tasks_per_step),
+                          self.cfg.train.group_size)
+
+    def players(self, specs: list[EpisodeSpec]) -> dict[str, Any]:
+        return self.policies
+
+    def on_episode_end(self) -> None:
+        return None
+
+    def seat_router(self, explore: bool = True) -> Callable[[Any, str], str]:
+        """Binds an attempt agent to a specialist when it first acts."""
+        def route(env: Any, agent: str) -> str:
+            return self.router.route(env.subtask(agent), env.observe(agent), explore=explore)
+
+        return route
+
+    def record(self, played: RunResult, step: int) -> dict[str, float]:
+        """Router updates from the step's subtask outcomes, chain records, chain metrics."""
+        chains = [chain_of(r) for r in played.episodes]
+        for i, (record, chain) in enumerate(zip(played.episodes, chains)):
+            for s in chain["steps"]:
+                self.router.record(s["type"], s["observation"], s["policy"], s["ok"], step)
+            chain["chain_id"] = f"{step}:{i}"
+            chain["step"] = step
+        self.router.clear_pending()  # every chain of the step is over (some cut short)
+        with open(self.chains_path, "a") as f:
+            f.writelines(json.dumps(c) + "\n" for c in chains)
+        self.last_step = step
+        return (chain_metrics(chains, "decompose") | self.router.metrics()
+                | {k: v for k, v in played.metrics.items()
+                   if k.startswith(("rollout/", "perf/", "timing_s/"))})
+
+    def training_data(self, played: RunResult, step: int) -> dict[str, Any]:
+        """Each trainable LM policy's trajectories, grouped for baselines: a specialist's per
+        (subtask type, policy), the planner's per task."""
+        data: dict[str, list[Any]] = defaultdict(list)
+        trainable = {p.id for p in self.cfg.policies if p.trainable}
+        for traj in played.trajectories:
+            if traj.policy_id not in trainable:
+                continue
+            if traj.role != PLANNER:
+                kind = traj.info["final_info"].get("subtask", "?")
+                traj = dataclasses.replace(traj, group_id=f"{kind}|{traj.policy_id}")
+            data[traj.policy_id].append(traj)
+        return dict(data)
+
+    def after_step(self, ctl: Controller, step: int) -> dict[str, float]:
+        return {}
+
+    def done(self) -> bool:
+        return False
+
+    def evaluate(self, ctl: Controller) -> dict[str, float]:
+        """Held-out tasks, greedy decoding and greedy routing (``eval.greedy``); the router
+        does not learn from them."""
+        n = self.cfg.eval.size or len(self.eval_tasks)
+        specs = self.specs("eval", list(range(min(n, len(self.eval_tasks)))), 1)
+        route = self.seat_router(explore=False)  # the router's best pick; it learns nothing
+        played = EpisodeRunner(self.eval_policies, self.runner, route=route).run(specs)
+        chains = [chain_of(r) for r in played.episodes]
+        with open(self.run_dir.path / "eval_chains.jsonl", "a") as f:
+            f.write(json.dumps({"step": ctl.step, "chains": chains[:self.cfg.eval.examples]})
+                    + "\n")
+        return chain_metrics(chains, "eval")
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"tasks": self.tasks.state_dict(), "router": self.router.state_dict(),
+                "last_step": self.last_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tasks.load_state_dict(state["tasks"])
+        self.router.load_state_dict(state["router"])
+        self.last_step = int(state["last_step"])
+        self.truncate_records(self.last_step)
+
+    def truncate_records(self, after_step: int) -> None:
+        """Drops chain records of steps a resume will redo (so no chain is counted twice)."""
+        for path in (self.chains_path, self.run_dir.path / "eval_chains.jsonl"):
+            if not path.is_file():
+                continue
+            keep = [line for line in path.read_text().splitlines()
+                    if (_step_of(line) if _step_of(line) is not None else after_step + 1)
+                    <= after_step]
+            atomic_write_text(path, "".join(line + "\n" for line in keep))
+
+    def finish(self, ctl: Controller) -> None:
+        from agentrt.decomposer.report import write_report
+
+        path = write_report(ctl.run_dir.path)
+        log.warning("decomposer report: %s", path)
+        if ctl.step == self.steps:
+            for p in self.cfg.policies:
+                if p.trainable:
+                    ctl.save_pretrained(p.id, ctl.run_dir.path / "final" / p.id)
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None  # a line cut by a crash mid-write
+
+
+def chain_of(record: EpisodeRecord) -> dict[str, Any]:
+    """The chain summary of a finished episode, each step with the policy that did it."""
+    chain = next((info["chain"] for info in record.final_infos.values() if "chain" in info),
+                 None)
+    if chain is None:  # ended before the env could record it (e.g. a context limit)
+        chain = {"outcome": "error", "reason": f"episode ended by {record.ended_by}",
+                 "success": False, "plan_valid": False, "plan": "", "steps": []}
+    chain = dict(chain)
+    chain["steps"] = [dict(s, policy=record.seats.get(s["agent"], "?")) for s in chain["steps"]]
+    chain["planner"] = record.seats.get(PLANNER, "rule")
+    return chain
+
+
+def chain_metrics(chains: list[dict[str, Any]], prefix: str) -> dict[str, float]:
+    """``<prefix>/success``, ``/plan_valid``, ``/outcome/<kind>``, ``/subtask_success/<type>``,
+    ``/chain_length`` of a set of chains."""
+    n = max(1, len(chains))
+    out = {f"{prefix}/success": sum(c["success"] for c in chains) / n,
+           f"{prefix}/plan_valid": sum(bool(c["plan_valid"]) for c in chains) / n,
+           f"{prefix}/chain_length": sum(len(c["steps"]) for c in chains) / n}
+    for kind, k in Counter(c["outcome"] for c in chains).items():
+        out[f"{prefix}/outcome/{kind}"] = k / n
+    tried: dict[str, list[bool]] = defaultdict(list)
+    for c in chains:
+        for s in c["steps"]:
+            tried[s["type"]].append(bool(s["ok"]))
+    for kind, oks in sorted(tried.items()):
+        out[f"{prefix}/subtask_success/{kind}"] = sum(oks) / len(oks)
+    return out
+
+
+class Decomposer:
+    """Runs ``agentrt decompose run``: the controller loop over a :class:`DecomposeWorkload`."""
+
+    def __init__(self, cfg: DecomposeConfig) -> None:
+        self.cfg = cfg
+        set_threads(cfg.threads)
+        self.run_dir = RunDir(cfg.run_dir)
+        seed_everything(cfg.seed)
+        self.workload = DecomposeWorkload(cfg)
+        self.controller = Controller(list(cfg.policies), cfg.runtime, self.run_dir,
+                                     seed=cfg.seed, total_steps=max(1, cfg.train.steps))
+
+    def run(self, stop_after: int | None = None) -> dict[str, float]:
+        """Trains to ``train.steps`` (or stops after ``stop_after`` more steps, as if killed);
+        resumes from the run folder's last checkpoint. Returns the last metrics row."""
+        try:
+            return self.controller.run(self.workload, stop_after)
+        finally:
+            self.controller.shutdown()
