@@ -379,11 +379,12 @@ def format_validation_error(err: ValidationError) -> str:
     """One line per problem: 'policy.optim.lr: Input should be greater than 0 (got -1)'."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        loc = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
         shown = "" if isinstance(got, dict) or e["type"] == "missing" else f" (got {got!r})"
-        lines.append(f"{loc}: {msg}{shown}")
+        # A check across fields (no location) names its fields in its own message.
+        lines.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")
     return "; ".join(lines)
 
 

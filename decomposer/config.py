@@ -57,6 +57,8 @@ class ChainConfig(Section):
 class SpecialistPolicy(PolicyConfig):
     skills: tuple[str, ...] = Field(
         (), description="Subtask types (or tags) this policy is routed; empty for the planner.")
+    sft_steps: int | None = Field(
+        None, ge=0, description="Warm-start SFT steps of this policy (None: sft.steps).")
 
 
 class ToolConfig(Section):

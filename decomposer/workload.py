@@ -105,18 +105,18 @@ class DecomposeWorkload:
     def warm_start(self, ctl: Controller) -> dict[str, float]:
         """SFT of every trainable LM policy on reference rows of the training tasks it would
         do: the planner on rule plans, a specialist on its subtask types' reference outputs."""
-        s = self.cfg.sft
-        metrics: dict[str, float] = {}
-        if not s.steps:
-            return metrics
         from agentrt.progress import StepProgress
 
-        rows = self.demonstration_rows()
-        for pid, examples in rows.items():
+        s = self.cfg.sft
+        metrics: dict[str, float] = {}
+        steps = {p.id: s.steps if p.sft_steps is None else p.sft_steps for p in self.cfg.policies}
+        for pid, examples in self.demonstration_rows().items():
+            if not steps[pid]:
+                continue
             sampler = PromptSampler(examples, self.cfg.seed + 1)
             tokenizer = ctl.tokenizer(pid)
-            bar = StepProgress(s.steps, enabled=self.progress, label=f"sft {pid}")
-            for i in range(s.steps):
+            bar = StepProgress(steps[pid], enabled=self.progress, label=f"sft {pid}")
+            for i in range(steps[pid]):
                 m = ctl.sft_step(pid, demonstrations(tokenizer, sampler.next(s.batch_size)), s)
                 bar.update(i + 1, {"sft/loss": m["sft/loss"]})
             bar.close()
