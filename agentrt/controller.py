@@ -261,6 +261,7 @@ class Controller:
 
     def _warm_start(self, work: Workload) -> dict[str, float]:
         """The workload's warm start, the step-0 evaluation and the step-0 checkpoint."""
+        self.run_dir.truncate_metrics(-1)  # rows of a start killed before its first checkpoint
         with self.timer("warm_start"):
             metrics = work.warm_start(self)
         metrics |= work.evaluate(self) | self.timer.pop()

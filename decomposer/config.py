@@ -125,7 +125,7 @@ class DecomposeConfig(Section):
             if not set(family.types[kind].skills) & have:
                 raise ValueError(f"no policy or tool has a skill for subtask type {kind!r} "
                                  f"(skills it accepts: {', '.join(family.types[kind].skills)}); "
-                                 f"add it to some policy's skills")
+                                 f"add it to a policy's or tool's skills")
         known = {s for t in family.types.values() for s in t.skills}
         for q in [*self.policies, *self.tools]:
             bad = sorted(set(q.skills) - known)

@@ -152,6 +152,22 @@ def _topological(steps: list[Step]) -> list[Step]:
                 ready.append(u)
         ready.sort()
     if len(order) < len(steps):
-        stuck = [by_id[i].type for i, n in sorted(indegree.items()) if n > 0]
-        raise PlanError("cycle", f"steps {' -> '.join(stuck)} depend on each other")
+        stuck = {i for i, n in indegree.items() if n > 0}
+        # Steps on a cycle reach themselves through their inputs; others only wait on one.
+        on_cycle = [by_id[i].type for i in sorted(stuck) if _reaches(by_id, i, i)]
+        raise PlanError("cycle", f"steps {' -> '.join(on_cycle)} depend on each other")
     return order
+
+
+def _reaches(by_id: dict[int, Step], start: int, target: int) -> bool:
+    """Whether ``target`` is among the inputs of ``start``, directly or not."""
+    seen: set[int] = set()
+    todo = list(by_id[start].deps)
+    while todo:
+        i = todo.pop()
+        if i == target:
+            return True
+        if i not in seen:
+            seen.add(i)
+            todo.extend(by_id[i].deps)
+    return False

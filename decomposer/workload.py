@@ -107,6 +107,7 @@ class DecomposeWorkload:
         do: the planner on rule plans, a specialist on its subtask types' reference outputs."""
         from agentrt.progress import StepProgress
 
+        self.truncate_records(-1)  # records of a start killed before its first checkpoint
         s = self.cfg.sft
         metrics: dict[str, float] = {}
         steps = {p.id: s.steps if p.sft_steps is None else p.sft_steps for p in self.cfg.policies}
