@@ -136,7 +136,10 @@ def planner_arm(family: str, specialists_dir: Path, args: argparse.Namespace, ro
     frozen = [policy(pid, skills, model={"path": str(specialists_dir / "final" / pid)},
                      trainable=False) for pid, skills in GROUPS[family].items()]
     planner = policy("planner", [], sft_steps=args.planner_sft_steps)
-    planner["optim"] = {"lr": 1e-4, "max_grad_norm": 1.0}
+    # At temperature 1 a briefly warm-started planner samples almost no valid plan, so every
+    # reward is 0 and GRPO has nothing to learn from; a cooler sampler explores near its plans.
+    planner["rollout"]["sampling"]["temperature"] = args.planner_temperature
+    planner["optim"] = {"lr": 3e-5, "max_grad_norm": 1.0}
     cfg = config(root / f"{family}_planner", family, "decomposer", args, 32,
                  planner={"kind": "lm", "policy": "planner"}, policies=[planner, *frozen],
                  train={"steps": args.planner_steps, "tasks_per_step": 32, "group_size": 4},
@@ -164,6 +167,7 @@ def main() -> None:
     ap.add_argument("--eval-size", type=int, default=300)
     ap.add_argument("--planner-sft-steps", type=int, default=45)
     ap.add_argument("--planner-steps", type=int, default=20)
+    ap.add_argument("--planner-temperature", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="Folder of the runs (default: a temp folder).")
