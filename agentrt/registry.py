@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+import importlib
+from typing import Any, Callable, Generic, Iterator, TypeVar
+
+from agentrt.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -48,3 +51,20 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._items))
+
+
+def import_callable(spec: str, what: str) -> Callable[..., Any]:
+    """The callable a ``'package.module:function'`` spec names (user code given in a config).
+
+    Raises:
+        ConfigError: "<what>: ..." when the module cannot be imported or has no such function.
+    """
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{what}: cannot import module {module_name!r} ({exc})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"{what}: {module_name!r} has no function {attr!r}")
+    return fn

@@ -16,13 +16,12 @@ reward 0, is counted in ``reward/errors``, and the run goes on.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from typing import Any, Callable
 
 from agentrt.errors import ConfigError
-from agentrt.registry import Registry
+from agentrt.registry import Registry, import_callable
 
 RewardFn = Callable[[str, str, dict[str, Any]], float]
 REWARDS: Registry[RewardFn] = Registry("reward")
@@ -48,15 +47,7 @@ def resolve_reward(spec: str) -> RewardFn:
             return REWARDS.get(spec)
         except KeyError as exc:
             raise ConfigError(f"reward: {exc.args[0]}; or give 'module:function'") from None
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"reward: cannot import module {module_name!r} ({exc})") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"reward: {module_name!r} has no function {attr!r}")
-    return fn
+    return import_callable(spec, "reward")
 
 
 def score(fn: RewardFn, samples: list[tuple[str, str, dict[str, Any]]]) -> tuple[list[float], int]:

@@ -82,20 +82,11 @@ class RunDir:
             f.write(json.dumps(row) + "\n")
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        if not self.metrics_path.is_file():
-            return []
-        rows = []
-        for line in self.metrics_path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut by a crash mid-write
-                continue
-        return rows
+        return read_jsonl(self.metrics_path)
 
     def truncate_metrics(self, after_step: int) -> None:
         """Drops rows logged after ``after_step`` (they belong to steps a resume will redo)."""
-        rows = [r for r in self.read_metrics() if r["step"] <= after_step]
-        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
+        truncate_jsonl(self.metrics_path, after_step)
 
     def save_checkpoint(self, step: int, state: dict[str, Any], keep: int) -> Path:
         """Writes ``checkpoints/step_<step>/state.pt`` atomically and prunes old checkpoints."""
@@ -124,6 +115,27 @@ class RunDir:
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     return torch.load(path / "state.pt", weights_only=False)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL file ([] if missing); a line cut by a crash mid-write is skipped."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def truncate_jsonl(path: Path, after_step: int) -> None:
+    """Keeps the rows of ``path`` whose ``"step"`` is at most ``after_step`` (a missing file
+    stays missing)."""
+    if path.is_file():
+        rows = [r for r in read_jsonl(path) if r["step"] <= after_step]
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -19,20 +18,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from agentrt.run import atomic_write_text
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file; a line cut by a crash mid-write is skipped."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+from agentrt.run import atomic_write_text, read_jsonl
 
 
 def routing_over_time(chains: list[dict[str, Any]]) -> dict[str, dict[str, dict[int, int]]]:

@@ -14,7 +14,6 @@ policy); the LM planner's trajectory earns the task outcome, with a baseline per
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import logging
 from collections import Counter, defaultdict
@@ -26,10 +25,10 @@ from agentrt.decomposer.config import DecomposeConfig
 from agentrt.decomposer.env import PLANNER, ChainEnv, family_splits
 from agentrt.decomposer.router import Router
 from agentrt.decomposer.sdk import WHOLE
-from agentrt.errors import ConfigError
 from agentrt.policies.base import as_policy
+from agentrt.registry import import_callable
 from agentrt.policies.lm import LMPolicy, PromptTemplate
-from agentrt.run import RunDir, atomic_write_text, seed_everything
+from agentrt.run import RunDir, seed_everything, truncate_jsonl
 from agentrt.runner.core import ROUTED, EpisodeRecord, EpisodeRunner, EpisodeSpec, RunnerConfig
 from agentrt.runner.core import RunResult
 from agentrt.tasks import Example
@@ -40,15 +39,6 @@ log = logging.getLogger(__name__)
 # Every observation is the whole state of its step: bos + observation, as SFT rows see it.
 CHAIN_TEMPLATE = PromptTemplate(first="{observation}", history=False)
 ENV = "Decompose-v0"
-
-
-def load_tool(spec: str) -> Callable[..., Any]:
-    """The callable ``'module:function'`` names (a Python specialist)."""
-    module, _, attr = spec.partition(":")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"tools: cannot load {spec!r} ({e})") from None
 
 
 class DecomposeWorkload:
@@ -72,7 +62,7 @@ class DecomposeWorkload:
                                    max_turns=self.seats + 1, seed=cfg.seed,
                                    policy_errors="record")
         self.tasks = PromptSampler(list(range(len(self.train_tasks))), cfg.seed)
-        self.tools = {t.id: as_policy(load_tool(t.fn)) for t in cfg.tools}
+        self.tools = {t.id: as_policy(import_callable(t.fn, f"tools.{t.id}")) for t in cfg.tools}
         self.router = Router(cfg.router, cfg.specialists(),
                              {k: t.skills for k, t in self.family.types.items()}, seed=cfg.seed,
                              memory_path=None)
@@ -233,12 +223,7 @@ class DecomposeWorkload:
     def truncate_records(self, after_step: int) -> None:
         """Drops chain records of steps a resume will redo (so no chain is counted twice)."""
         for path in (self.chains_path, self.run_dir.path / "eval_chains.jsonl"):
-            if not path.is_file():
-                continue
-            keep = [line for line in path.read_text().splitlines()
-                    if (_step_of(line) if _step_of(line) is not None else after_step + 1)
-                    <= after_step]
-            atomic_write_text(path, "".join(line + "\n" for line in keep))
+            truncate_jsonl(path, after_step)
 
     def finish(self, ctl: Controller) -> None:
         from agentrt.decomposer.report import write_report
@@ -249,13 +234,6 @@ class DecomposeWorkload:
             for p in self.cfg.policies:
                 if p.trainable:
                     ctl.save_pretrained(p.id, ctl.run_dir.path / "final" / p.id)
-
-
-def _step_of(line: str) -> int | None:
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return None  # a line cut by a crash mid-write
 
 
 def chain_of(record: EpisodeRecord) -> dict[str, Any]:
