@@ -76,6 +76,24 @@ def demonstrations(tokenizer: Any, examples: list[Example]) -> list[Trajectory]:
     return trajs
 
 
+def sft_warm_start(ctl: Controller, pid: str, examples: list[Example], sft: Any, steps: int,
+                   seed: int, progress: bool, label: str) -> dict[str, float]:
+    """``steps`` SFT steps of ``pid`` on batches drawn from ``examples``, then the warm start
+    ends (RL starts from version 0; KL to the warm-started policy). Returns the last metrics."""
+    from agentrt.progress import StepProgress
+
+    sampler = PromptSampler(examples, seed + 1)
+    tokenizer = ctl.tokenizer(pid)
+    bar = StepProgress(steps, enabled=progress, label=label)
+    metrics: dict[str, float] = {}
+    for i in range(steps):
+        metrics = ctl.sft_step(pid, demonstrations(tokenizer, sampler.next(sft.batch_size)), sft)
+        bar.update(i + 1, {"sft/loss": metrics["sft/loss"]})
+    bar.close()
+    ctl.end_sft(pid)
+    return metrics
+
+
 class PromptWorkload:
     """Prompts of a task (or rows of a preference data set) for one policy."""
 
@@ -135,16 +153,8 @@ class PromptWorkload:
         metrics: dict[str, float] = {}
         s = self.cfg.sft
         if s.steps:
-            from agentrt.progress import StepProgress
-
-            sampler = PromptSampler(self.train_set, self.cfg.seed + 1)
-            bar = StepProgress(s.steps, enabled=self.progress, label="sft")
-            for i in range(s.steps):
-                metrics = ctl.sft_step(self.pid, demonstrations(self.tokenizer,
-                                                                sampler.next(s.batch_size)), s)
-                bar.update(i + 1, {"sft/loss": metrics["sft/loss"]})
-            bar.close()
-            ctl.end_sft(self.pid)  # RL starts from version 0; KL to the warm-started policy
+            metrics = sft_warm_start(ctl, self.pid, self.train_set, s, s.steps, self.cfg.seed,
+                                     self.progress, label="sft")
         if self.pref_train or self.pref_eval:
             filled = self.pool.fill_reference(self.pref_train + self.pref_eval, adapter=self.pid)
             self._set_reference([ex.ref_logps for ex in filled])

@@ -26,13 +26,13 @@ from agentrt.decomposer.env import PLANNER, ChainEnv, family_splits
 from agentrt.decomposer.router import Router
 from agentrt.decomposer.sdk import WHOLE
 from agentrt.policies.base import as_policy
-from agentrt.registry import import_callable
 from agentrt.policies.lm import LMPolicy, PromptTemplate
+from agentrt.registry import import_callable
 from agentrt.run import RunDir, seed_everything, truncate_jsonl
 from agentrt.runner.core import ROUTED, EpisodeRecord, EpisodeRunner, EpisodeSpec, RunnerConfig
 from agentrt.runner.core import RunResult
 from agentrt.tasks import Example
-from agentrt.trainer import PromptSampler, demonstrations
+from agentrt.trainer import PromptSampler, sft_warm_start
 
 log = logging.getLogger(__name__)
 
@@ -95,24 +95,15 @@ class DecomposeWorkload:
     def warm_start(self, ctl: Controller) -> dict[str, float]:
         """SFT of every trainable LM policy on reference rows of the training tasks it would
         do: the planner on rule plans, a specialist on its subtask types' reference outputs."""
-        from agentrt.progress import StepProgress
-
         self.truncate_records(-1)  # records of a start killed before its first checkpoint
         s = self.cfg.sft
         metrics: dict[str, float] = {}
         steps = {p.id: s.steps if p.sft_steps is None else p.sft_steps for p in self.cfg.policies}
         for pid, examples in self.demonstration_rows().items():
-            if not steps[pid]:
-                continue
-            sampler = PromptSampler(examples, self.cfg.seed + 1)
-            tokenizer = ctl.tokenizer(pid)
-            bar = StepProgress(steps[pid], enabled=self.progress, label=f"sft {pid}")
-            for i in range(steps[pid]):
-                m = ctl.sft_step(pid, demonstrations(tokenizer, sampler.next(s.batch_size)), s)
-                bar.update(i + 1, {"sft/loss": m["sft/loss"]})
-            bar.close()
-            ctl.end_sft(pid)
-            metrics[f"sft/loss@{pid}"] = m["sft/loss"]
+            if steps[pid]:
+                m = sft_warm_start(ctl, pid, examples, s, steps[pid], self.cfg.seed,
+                                   self.progress, label=f"sft {pid}")
+                metrics[f"sft/loss@{pid}"] = m["sft/loss"]
         return metrics
 
     def demonstration_rows(self) -> dict[str, list[Example]]:
@@ -120,6 +111,8 @@ class DecomposeWorkload:
         skills = self.cfg.specialists()
         types = self.family.types
         out: dict[str, list[Example]] = {}
+        rows_of_tasks = [row for task in self.train_tasks
+                         for row in self.family.demonstrations(task)]  # once for all policies
         for p in self.cfg.policies:
             if not p.trainable:
                 continue
@@ -128,8 +121,7 @@ class DecomposeWorkload:
                 mine &= {WHOLE}
             else:
                 mine -= {WHOLE}
-            rows = [Example(obs, target) for task in self.train_tasks
-                    for who, obs, target in self.family.demonstrations(task)
+            rows = [Example(obs, target) for who, obs, target in rows_of_tasks
                     if who in mine or (who == PLANNER and p.id == self.planner)]
             if rows:
                 out[p.id] = rows
