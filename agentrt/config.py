@@ -37,7 +37,7 @@ class ModelConfig(Section):
         if (self.path is None) == (self.preset is None):
             raise ValueError("set exactly one of model.path (a local HF folder) or model.preset")
         if self.preset is not None:
-            from agentrt.policies.models import PRESETS
+            from agentrt.policies.presets import PRESETS
 
             if self.preset not in PRESETS:
                 raise ValueError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")

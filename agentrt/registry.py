@@ -17,6 +17,10 @@ class Registry(Generic[T]):
         >>> ADVANTAGES = Registry("advantage estimator")
         >>> @ADVANTAGES.register("grpo")
         ... def grpo(...): ...
+
+    An entry may also be a ``"package.module:attr"`` string (:meth:`add_lazy`), loaded on the
+    first :meth:`get`: its name is known (and a config naming it checked) without importing the
+    module, e.g. torch for the built-in algorithms.
     """
 
     def __init__(self, kind: str) -> None:
@@ -35,13 +39,21 @@ class Registry(Generic[T]):
             raise KeyError(f"{self.kind} {name!r} is already registered")
         self._items[name] = obj
 
+    def add_lazy(self, name: str, spec: str) -> None:
+        """Registers ``name`` as the object at ``spec`` ('package.module:attr'), imported when
+        first asked for."""
+        self.add(name, _Lazy(spec))  # type: ignore[arg-type]
+
     def get(self, name: str) -> T:
         try:
-            return self._items[name]
+            obj = self._items[name]
         except KeyError:
             raise KeyError(
                 f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._items))}"
             ) from None
+        if isinstance(obj, _Lazy):
+            obj = self._items[name] = import_callable(obj.spec, f"{self.kind} {name!r}")
+        return obj
 
     def names(self) -> list[str]:
         return sorted(self._items)
@@ -51,6 +63,13 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._items))
+
+
+class _Lazy:
+    """A registry entry not imported yet."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
 
 
 def import_callable(spec: str, what: str) -> Callable[..., Any]:

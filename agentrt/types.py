@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch loads with the first batch, so config checks and envs stay light
+    import torch
 
 
 @dataclass
@@ -160,6 +161,8 @@ class TrainBatch:
 
     def select(self, index: torch.Tensor | slice | list[int]) -> TrainBatch:
         """Rows ``index`` of every tensor field (for mini- and micro-batches)."""
+        import torch
+
         if isinstance(index, slice):
             rows = list(range(self.size))[index]
         else:
@@ -178,6 +181,8 @@ class TrainBatch:
 
     def to(self, device: torch.device) -> TrainBatch:
         """Every tensor field on ``device`` (the same object when it is there already)."""
+        import torch
+
         if self.input_ids.device == device:
             return self
         return TrainBatch(**{name: value.to(device) if isinstance(value, torch.Tensor) else value
@@ -187,6 +192,8 @@ class TrainBatch:
 
 def collate(trajs: list[Trajectory], pad_id: int = 0) -> TrainBatch:
     """Pads trajectories into a :class:`TrainBatch` (right padding, loss only on generated ids)."""
+    import torch
+
     if not trajs:
         raise ValueError("cannot collate an empty list of trajectories")
     seqs = [t.to_sequence() for t in trajs]

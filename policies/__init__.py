@@ -1,21 +1,13 @@
 """Policies: LM policies over Hugging Face models and the factory for small local models."""
 
-from agentrt.policies.base import Action, ActRequest, CallablePolicy, Policy, as_policy
-from agentrt.policies.lm import LMPolicy, PromptTemplate, bank_memory
-from agentrt.policies.models import PRESETS, build_model, build_tokenizer, load_model, model_config
-from agentrt.policies.scripted import (
-    BargainHeuristic,
-    CalculatorAgent,
-    ConnectFourHeuristic,
-    KuhnPolicy,
-    MinimaxTicTacToe,
-    RandomPolicy,
-    kuhn_nash,
-)
+from agentrt.lazy import lazy_exports
 
-__all__ = [
-    "PRESETS", "build_model", "build_tokenizer", "load_model", "model_config",
-    "ActRequest", "Action", "BargainHeuristic", "CalculatorAgent", "CallablePolicy",
-    "ConnectFourHeuristic", "KuhnPolicy", "LMPolicy", "MinimaxTicTacToe", "Policy",
-    "PromptTemplate", "RandomPolicy", "as_policy", "bank_memory", "kuhn_nash",
-]
+# Loaded on first use: the scripted policies and presets import without torch or transformers.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, globals(), {
+    "agentrt.policies.base": ("Action", "ActRequest", "CallablePolicy", "Policy", "as_policy"),
+    "agentrt.policies.lm": ("LMPolicy", "PromptTemplate", "bank_memory"),
+    "agentrt.policies.models": ("build_model", "build_tokenizer", "load_model", "model_config"),
+    "agentrt.policies.presets": ("PRESETS",),
+    "agentrt.policies.scripted": ("BargainHeuristic", "CalculatorAgent", "ConnectFourHeuristic",
+                                  "KuhnPolicy", "MinimaxTicTacToe", "RandomPolicy", "kuhn_nash"),
+})

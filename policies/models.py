@@ -25,23 +25,12 @@ from transformers import (
 )
 
 from agentrt.errors import ModelLoadError
+from agentrt.policies.presets import PRESETS
 from transformers.utils import logging as hf_logging
 
 hf_logging.disable_progress_bar()
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>"}
-
-# name -> LlamaConfig overrides (head_dim = hidden_size / num_attention_heads = 64 throughout).
-PRESETS: dict[str, dict[str, int]] = {
-    "llama-nano": dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-                       num_attention_heads=1, num_key_value_heads=1),
-    "llama-tiny": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=2),
-    "llama-small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
-                        num_attention_heads=4, num_key_value_heads=4),
-    "llama-base": dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=8,
-                       num_attention_heads=8, num_key_value_heads=8),
-}
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:

@@ -8,70 +8,27 @@ pins an entrant to some seats. The
 role-conditioned advantage estimator lives in :mod:`agentrt.algos.rae`.
 """
 
-from agentrt.tournaments.config import (
-    SCHEDULERS,
-    LeagueConfig,
-    ScheduleConfig,
-    SnapshotConfig,
-    build_scheduler,
-)
-from agentrt.tournaments.league import League, LeagueOptions
-from agentrt.tournaments.ratings import (
-    ALL,
-    BTFit,
-    EloRatings,
-    OpenSkillRatings,
-    RatingRow,
-    WinMatrix,
-    fit_bradley_terry,
-    kendall_tau,
-    rated_view,
-)
-from agentrt.tournaments.records import MatchStore
-from agentrt.tournaments.report import (
-    LeaderRow,
-    build_leaderboard,
-    format_leaderboard,
-    write_report,
-)
-from agentrt.tournaments.scheduling import (
-    PFSP_WEIGHTINGS,
-    Group,
-    RoundRobin,
-    Scheduler,
-    SeatBalancer,
-    WinRates,
-    load_state,
-    pfsp_probs,
-    save_state,
-)
-from agentrt.tournaments.selfplay import (
-    PFSP,
-    Lagged,
-    Mirror,
-    SelfPlayScheduler,
-    SnapshotRule,
-    UniformFSP,
-)
-from agentrt.tournaments.seating import resolve_seats, seat_assignment
-from agentrt.tournaments.session import Tournament
-from agentrt.tournaments.swiss import Swiss
-from agentrt.tournaments.types import (
-    Entrant,
-    Match,
-    MatchResult,
-    Player,
-    SnapshotEvent,
-    TournamentError,
-)
+from agentrt.lazy import lazy_exports
 
-__all__ = [
-    "SCHEDULERS", "LeagueConfig", "ScheduleConfig", "SnapshotConfig", "build_scheduler",
-    "League", "LeagueOptions", "ALL", "BTFit", "EloRatings", "OpenSkillRatings", "RatingRow",
-    "WinMatrix", "fit_bradley_terry", "kendall_tau", "rated_view", "MatchStore", "LeaderRow",
-    "build_leaderboard", "format_leaderboard", "write_report", "PFSP_WEIGHTINGS", "RoundRobin",
-    "Group", "Scheduler", "SeatBalancer", "WinRates", "load_state", "pfsp_probs", "save_state",
-    "resolve_seats", "seat_assignment", "PFSP",
-    "Lagged", "Mirror", "SelfPlayScheduler", "SnapshotEvent", "SnapshotRule", "UniformFSP",
-    "Swiss", "Tournament", "Entrant", "Match", "MatchResult", "Player", "TournamentError",
-]
+# Loaded on first use, so the config modules import without matplotlib (reports) or SQLite.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, globals(), {
+    "agentrt.tournaments.config": ("SCHEDULERS", "LeagueConfig", "ScheduleConfig",
+                                   "SnapshotConfig", "build_scheduler"),
+    "agentrt.tournaments.league": ("League", "LeagueOptions"),
+    "agentrt.tournaments.ratings": ("ALL", "BTFit", "EloRatings", "OpenSkillRatings", "RatingRow",
+                                    "WinMatrix", "fit_bradley_terry", "kendall_tau",
+                                    "rated_view"),
+    "agentrt.tournaments.records": ("MatchStore",),
+    "agentrt.tournaments.report": ("LeaderRow", "build_leaderboard", "format_leaderboard",
+                                   "write_report"),
+    "agentrt.tournaments.scheduling": ("PFSP_WEIGHTINGS", "Group", "RoundRobin", "Scheduler",
+                                       "SeatBalancer", "WinRates", "load_state", "pfsp_probs",
+                                       "save_state"),
+    "agentrt.tournaments.selfplay": ("PFSP", "Lagged", "Mirror", "SelfPlayScheduler",
+                                     "SnapshotRule", "UniformFSP"),
+    "agentrt.tournaments.seating": ("resolve_seats", "seat_assignment"),
+    "agentrt.tournaments.session": ("Tournament",),
+    "agentrt.tournaments.swiss": ("Swiss",),
+    "agentrt.tournaments.types": ("Entrant", "Match", "MatchResult", "Player", "SnapshotEvent",
+                                  "TournamentError"),
+})

@@ -13,10 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from agentrt.registry import Registry
-
 Estimator = Callable[["AdvantageInputs", Any], tuple[torch.Tensor, torch.Tensor]]
-ADVANTAGES: Registry[Estimator] = Registry("advantage estimator")
 
 
 @dataclass
@@ -73,7 +70,6 @@ def _discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float)
     return returns
 
 
-@ADVANTAGES.register("gae")
 def gae(inp: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimation (Schulman et al. 2016, arXiv:1506.02438).
 
@@ -102,7 +98,6 @@ def gae(inp: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, returns
 
 
-@ADVANTAGES.register("grpo")
 def grpo(inp: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-relative advantage (Shao et al. 2024, arXiv:2402.03300, eq. 3).
 
@@ -123,7 +118,6 @@ def grpo(inp: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv.clone()
 
 
-@ADVANTAGES.register("rloo")
 def rloo(inp: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740).
 
@@ -142,7 +136,6 @@ def rloo(inp: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv.clone()
 
 
-@ADVANTAGES.register("reinforce++")
 def reinforce_pp(inp: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): per-token discounted returns of the token
     rewards (KL penalty included when placed in the reward), whitened over the whole batch."""
@@ -151,7 +144,6 @@ def reinforce_pp(inp: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, torch.Te
     return adv, returns
 
 
-@ADVANTAGES.register("reinforce++-baseline")
 def reinforce_pp_baseline(inp: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group-mean baseline subtracted from the outcome before whitening."""
     rewards = inp.token_rewards.clone()

@@ -14,29 +14,19 @@ biased (downwards) only on tokens outside that range.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from agentrt.registry import Registry
 
-KL_ESTIMATORS: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry(
-    "kl estimator"
-)
-KL_CONTROLLERS: Registry[Callable[[Any], "KLController"]] = Registry("kl controller")
-
-
-@KL_ESTIMATORS.register("k1")
 def k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return logp - ref_logp
 
 
-@KL_ESTIMATORS.register("k2")
 def k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return 0.5 * (logp - ref_logp) ** 2
 
 
-@KL_ESTIMATORS.register("k3")
 def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """verl's "low_var_kl": (r - 1) - log r with log r = ref_logp - logp, clamped to [-10, 10].
 
@@ -78,11 +68,9 @@ class AdaptiveKLController(KLController):
         self.coef *= 1.0 + error * n_steps / self.horizon
 
 
-@KL_CONTROLLERS.register("fixed")
 def fixed_controller(cfg: Any) -> KLController:
     return KLController(cfg.coef)
 
 
-@KL_CONTROLLERS.register("adaptive")
 def adaptive_controller(cfg: Any) -> KLController:
     return AdaptiveKLController(cfg.coef, cfg.target, cfg.horizon)

@@ -11,10 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from agentrt.registry import Registry
-
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
@@ -22,7 +19,6 @@ def _masked_mean_item(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float(((x * mask).sum() / mask.sum().clamp_min(1.0)).item())
 
 
-@POLICY_LOSSES.register("ppo")
 def ppo_clip(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -53,7 +49,6 @@ def ppo_clip(
     return clipped * mask, metrics
 
 
-@POLICY_LOSSES.register("vanilla")
 def vanilla_pg(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -25,20 +25,17 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from agentrt.registry import Registry
-
 PreferenceLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
-PREFERENCE_LOSSES: Registry[PreferenceLoss] = Registry("preference loss")
 PAIR_MODES = ("all", "best_worst")
 
 
-def preference_loss(name: str, unpaired: bool = False
-                    ) -> Callable[[PreferenceLoss], PreferenceLoss]:
-    """Registers a loss; ``unpaired=True`` marks losses that learn from single labelled rows."""
+def preference_loss(unpaired: bool = False) -> Callable[[PreferenceLoss], PreferenceLoss]:
+    """Marks a loss (registered in ``agentrt.algos.PREFERENCE_LOSSES``); ``unpaired=True``:
+    it learns from single labelled rows."""
 
     def wrap(fn: PreferenceLoss) -> PreferenceLoss:
         fn.accepts_unpaired = unpaired  # type: ignore[attr-defined]
-        return PREFERENCE_LOSSES.register(name)(fn)
+        return fn
 
     return wrap
 
@@ -155,7 +152,7 @@ def _pair_log_ratios(policy_logps: torch.Tensor, ref_logps: torch.Tensor,
     return r[index.pairs[:, 0]] - r[index.pairs[:, 1]], r
 
 
-@preference_loss("dpo")
+@preference_loss()
 def dpo_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, index: PreferenceIndex,
              cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """DPO, sigmoid loss (arXiv:2305.18290, eq. 7): -log sigma(beta h), averaged over an
@@ -171,7 +168,7 @@ def dpo_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, index: Prefere
     return loss, preference_metrics(r, index, cfg.beta)
 
 
-@preference_loss("ipo")
+@preference_loss()
 def ipo_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, index: PreferenceIndex,
              cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """IPO (Azar et al. 2023, arXiv:2310.12036, eq. 17): (h - 1 / (2 beta))^2 per pair, beta = tau.
@@ -184,7 +181,7 @@ def ipo_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, index: Prefere
     return loss, preference_metrics(r, index, cfg.beta)
 
 
-@preference_loss("listwise")
+@preference_loss()
 def plackett_luce_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor,
                        index: PreferenceIndex, cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """Plackett-Luce over each example's ranking (arXiv:2305.18290, appendix A.3, eq. 18).
@@ -212,7 +209,7 @@ def plackett_luce_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor,
     return loss, preference_metrics(r, index, cfg.beta)
 
 
-@preference_loss("kto", unpaired=True)
+@preference_loss(unpaired=True)
 def kto_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, index: PreferenceIndex,
              cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """KTO (Ethayarajh et al. 2024, arXiv:2402.01306, eq. 8), mean over an example's responses.

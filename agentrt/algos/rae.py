@@ -52,7 +52,7 @@ from typing import Any, Iterator
 
 import torch
 
-from agentrt.algos.advantages import ADVANTAGES, AdvantageInputs, _group_index
+from agentrt.algos.advantages import AdvantageInputs, _group_index
 
 DEFAULT_ALPHA = 0.95  # SPIRAL's EMA decay
 
@@ -157,7 +157,6 @@ def current_rae_state() -> RAEState:
     return _CURRENT.get() or RAE_BASELINES
 
 
-@ADVANTAGES.register("rae")
 def rae(inp: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Role-conditioned advantage (SPIRAL, arXiv:2506.24119): A_i = R_i - EMA baseline of
     (env, role, policy), each trajectory folded into the EMA after its advantage, in batch order.
