@@ -1,6 +1,8 @@
 """Command line: ``agentrt train CONFIG.yaml [--set section.field=value ...]``.
 
-Errors a user can meet print as one line (``error: ...``) with exit code 2, never a traceback.
+Errors a user can meet print as one line (``error: ...``) with exit code 2, never a traceback
+(``agentrt --debug ...`` shows it). Every command checks its whole config (agentrt.checks) before
+it imports torch or creates a run folder.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -17,6 +19,21 @@ from agentrt.errors import AgentrtError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="agentrt: RL post-training of many language-model policies.")
+_DEBUG = {"on": False}
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors.")
+             ) -> None:
+    _DEBUG["on"] = debug
+
+
+def _load(config: Path, set_: Optional[list[str]], run_dir: Optional[str] = None,
+          expect: Optional[str] = None, kind: Optional[str] = None) -> Any:
+    from agentrt.checks import load_checked
+
+    overrides = list(set_ or []) + ([f"run_dir={run_dir}"] if run_dir else [])
+    return load_checked(config, overrides, kind=kind, expect=expect)[1]
 
 
 def _setup() -> None:
@@ -35,11 +52,9 @@ def train(
 ) -> None:
     """Train one policy on a built-in task: optional SFT warm start, then GRPO/PPO/..."""
     _setup()
-    from agentrt.config import load_config
+    cfg = _load(config, set_, run_dir, expect="train")
     from agentrt.trainer import Trainer
 
-    overrides = list(set_ or []) + ([f"run_dir={run_dir}"] if run_dir else [])
-    cfg = load_config(config, overrides)
     trainer = Trainer(cfg)
     last = trainer.run()
     acc = last.get("eval/accuracy")
@@ -51,13 +66,18 @@ def train(
 
 @app.command("check-config")
 def check_config(
-    config: Path = typer.Argument(..., help="YAML config to validate."),
+    config: Path = typer.Argument(..., help="YAML config to validate (any kind)."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
+    kind: Optional[str] = typer.Option(
+        None, help="train, tournament or decompose (default: told by the config's sections)."),
 ) -> None:
-    """Validate a config and print it resolved, without running anything."""
-    from agentrt.config import dump_config, load_config
+    """Validate a config of any kind, resolve what it names (envs, rewards, baselines against
+    the envs they play, model and data paths) and print it resolved, without running anything."""
+    from agentrt.checks import load_checked
+    from agentrt.config import dump_config
 
-    typer.echo(dump_config(load_config(config, list(set_ or []))))
+    found, cfg = load_checked(config, list(set_ or []), kind=kind)
+    typer.echo(f"# {found} config, valid\n{dump_config(cfg)}", nl=False)
 
 
 tournament_app = typer.Typer(no_args_is_help=True, help="Self-play leagues and tournaments.")
@@ -73,12 +93,9 @@ def tournament_run(
     """Train learning policies by playing scheduled matches; resumes if the folder has a
     checkpoint; ends with the leaderboard and the HTML report."""
     _setup()
-    from agentrt.config import load_config
-    from agentrt.tournaments.run_config import TournamentRunConfig
+    cfg = _load(config, set_, run_dir, expect="tournament")
     from agentrt.tournaments.trainer import LeagueTrainer
 
-    overrides = list(set_ or []) + ([f"run_dir={run_dir}"] if run_dir else [])
-    cfg = load_config(config, overrides, model=TournamentRunConfig)
     trainer = LeagueTrainer(cfg)
     trainer.run()
     typer.echo(trainer.leaderboard_text)
@@ -93,11 +110,9 @@ def tournament_eval(
 ) -> None:
     """Rating-only tournament between checkpoints and baselines (nothing trains)."""
     _setup()
-    from agentrt.config import load_config
-    from agentrt.tournaments.run_config import TournamentRunConfig
+    cfg = _load(config, set_, expect="tournament")
     from agentrt.tournaments.trainer import LeagueTrainer
 
-    cfg = load_config(config, list(set_ or []), model=TournamentRunConfig)
     frozen = tuple(p.model_copy(update={"trainable": False}) for p in cfg.policies)
     trainer = LeagueTrainer(cfg.model_copy(update={"policies": frozen}))
     trainer.run()
@@ -131,12 +146,9 @@ def decompose_run(
     """Train a planner and its specialists on a task family's chains; resumes if the folder
     has a checkpoint; ends with held-out success and the HTML report."""
     _setup()
-    from agentrt.config import load_config
-    from agentrt.decomposer.config import DecomposeConfig
+    cfg = _load(config, set_, run_dir, expect="decompose")
     from agentrt.decomposer.workload import Decomposer
 
-    overrides = list(set_ or []) + ([f"run_dir={run_dir}"] if run_dir else [])
-    cfg = load_config(config, overrides, model=DecomposeConfig)
     runner = Decomposer(cfg)
     last = runner.run()
     typer.echo(f"run folder: {runner.run_dir.path}")
@@ -165,6 +177,8 @@ def main() -> None:
         if code == 130:
             raise KeyboardInterrupt
     except AgentrtError as exc:
+        if _DEBUG["on"]:
+            raise
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
     except (KeyboardInterrupt, click.exceptions.Abort):
@@ -175,7 +189,12 @@ def main() -> None:
         if isinstance(exc, click.ClickException):
             exc.show()
             sys.exit(exc.exit_code)
-        raise
+        if _DEBUG["on"]:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        typer.echo(f"error: {type(exc).__name__}: {first} (an agentrt bug or an unexpected "
+                   "input; run with --debug for the traceback)", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

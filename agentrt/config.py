@@ -433,16 +433,24 @@ def load_config(
     path: str | Path, overrides: list[str] | None = None, model: type[Section] = TrainConfig
 ) -> Any:
     """Reads YAML, applies ``a.b=c`` overrides and validates. Raises ConfigError on any problem."""
+    return validate_config(read_config(path, overrides), model)
+
+
+def read_config(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The YAML mapping at ``path`` with ``a.b=c`` overrides merged in (not validated yet)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    return validate_config(_merge(data, parse_overrides(overrides or [])), model)
+    return _merge(data, parse_overrides(overrides or []))
 
 
 def validate_config(data: dict[str, Any], model: type[Section] = TrainConfig) -> Any:

@@ -9,7 +9,8 @@
 - :class:`BargainHeuristic`: asks for what it values, accepts a good enough offer;
 - :class:`CalculatorAgent`: solves ``ToolUse-v0`` by calling the calculator, then answering.
 
-Every policy takes a ``seed`` and is deterministic for a given sequence of requests.
+Every policy takes a ``seed`` and is deterministic for a given sequence of requests. Configs name
+them by their key in :data:`SCRIPTED` (``kind: minimax``) or as ``package.module:Class``.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from __future__ import annotations
 import functools
 import random
 import re
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from agentrt.envs.board import connects_four, ttt_winner
+from agentrt.errors import ConfigError
 from agentrt.policies.base import Action, ActRequest
+from agentrt.registry import Registry, import_callable
 
 
 class ScriptedPolicy:
@@ -209,3 +212,29 @@ class CalculatorAgent(ScriptedPolicy):
         if last and (m := re.search(r"calc result: (-?\d+)", last)):
             return f"answer: {m.group(1)}"
         return f"calc: {state['expression']}"
+
+
+# ----------------------------------------------------------------------------- registry
+ScriptedFactory = Callable[..., ScriptedPolicy]
+SCRIPTED: Registry[ScriptedFactory] = Registry("scripted policy")
+SCRIPTED.add("random", RandomPolicy)
+SCRIPTED.add("minimax", MinimaxTicTacToe)
+SCRIPTED.add("connect4", ConnectFourHeuristic)
+SCRIPTED.add("kuhn", KuhnPolicy)
+SCRIPTED.add("bargain", BargainHeuristic)
+SCRIPTED.add("calculator", CalculatorAgent)
+
+
+def scripted_factory(kind: str) -> ScriptedFactory:
+    """The class (or factory taking ``seed=``) a ``kind`` names: a name registered in
+    :data:`SCRIPTED`, or ``'package.module:Class'`` for a user's own scripted player.
+
+    Raises:
+        ConfigError: unknown name, or a module/attribute that cannot be imported.
+    """
+    if ":" in kind:
+        return import_callable(kind, f"scripted policy {kind!r}")
+    try:
+        return SCRIPTED.get(kind)
+    except KeyError as exc:
+        raise ConfigError(f"{exc.args[0]}; or give 'package.module:Class'") from None

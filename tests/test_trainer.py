@@ -125,7 +125,8 @@ def test_missing_model_folder_is_a_one_line_cli_error(tmp_path):
                                     "policy": {"model": {"path": str(tmp_path / "missing")}}}))
     proc = subprocess.run(AGENTRT + ["train", str(path)], capture_output=True, text=True)
     assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("error: model folder") and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("error: policy.model.path: folder")
+    assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 

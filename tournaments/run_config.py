@@ -23,15 +23,28 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentrt.config import CheckpointConfig, PolicyConfig, RuntimeConfig, Section
+from agentrt.errors import ConfigError
 from agentrt.memory.policy import MemoryBanksConfig, check_policy_memory
 from agentrt.runner.core import RunnerConfig
 from agentrt.tournaments.config import ScheduleConfig, build_scheduler
 from agentrt.tournaments.types import Entrant, TournamentError
 
-BASELINE_KINDS = ("random", "minimax", "connect4", "kuhn", "bargain")
+_KIND_HELP = ("Scripted policy: a name in agentrt.policies.scripted.SCRIPTED (random, minimax, "
+              "connect4, kuhn, bargain, ...) or 'package.module:Class'.")
+
+
+def _scripted_kind(kind: str) -> str:
+    """Checks that a scripted policy ``kind`` resolves (a ValueError for pydantic if not)."""
+    from agentrt.policies.scripted import scripted_factory
+
+    try:
+        scripted_factory(kind)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return kind
 
 
 def _zero_sum(entry: Any) -> bool:
@@ -44,6 +57,27 @@ def _zero_sum(entry: Any) -> bool:
         return False  # the entry's own validation reports it
     point = ENVS.get(env_id).entry_point
     return bool(getattr(point, "zero_sum", False))  # lazy "module:attr" entries: unknown, no
+
+
+def _play_one_game(env: EnvEntry, agents: tuple[str, ...], kind: str, seed: int,
+                   roles: tuple[str, ...] | None, max_turns: int) -> str | None:
+    """Plays one game of ``env`` with the scripted ``kind`` in every seat its ``roles`` allow
+    (random in the others); returns the error it raised, or None."""
+    from agentrt.policies.scripted import RandomPolicy, scripted_factory
+    from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunnerConfig
+
+    players = tuple("it" if roles is None or a in roles else "random" for a in agents)
+    if "it" not in players:
+        return None
+    try:
+        runner = EpisodeRunner(
+            {"it": scripted_factory(kind)(seed=seed), "random": RandomPolicy(seed)},
+            RunnerConfig(random_seats=False, vectorize=False, max_turns=max_turns))
+        runner.run([EpisodeSpec(env.id, players, seed=seed, env_kwargs=dict(env.kwargs))])
+    except Exception as exc:  # noqa: BLE001 - user code may raise anything; reported as config
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"{type(exc).__name__}: {first}"
+    return None
 
 
 class TemplateConfig(Section):
@@ -81,19 +115,22 @@ class LeaguePolicyConfig(PolicyConfig):
 
 class BaselineConfig(Section):
     id: str = Field(..., min_length=1, description="Name in ratings and reports.")
-    kind: Literal["random", "minimax", "connect4", "kuhn", "bargain"] = Field(
-        "random", description="Scripted policy.")
+    kind: str = Field("random", description=_KIND_HELP)
     seed: int = Field(0, description="Seed of its random choices.")
     roles: tuple[str, ...] | None = Field(None, min_length=1, description=_ROLES_HELP)
+
+    _kind = field_validator("kind")(_scripted_kind)
 
 
 class WarmStartConfig(Section):
     steps: int = Field(0, ge=0, description="Behaviour-cloning steps on the teacher's moves; "
                                             "0 starts RL from the fresh model.")
-    teacher: Literal["random", "minimax", "connect4", "kuhn", "bargain"] = Field(
-        "random", description="Scripted policy whose legal moves teach the action format.")
+    teacher: str = Field("random", description="Scripted policy whose moves teach the action "
+                                                "format; a kind as in baselines.")
     games_per_step: int = Field(32, gt=0, description="Teacher self-play games per step.")
     lr: float = Field(1e-3, gt=0.0, description="Learning rate of the warm start.")
+
+    _teacher = field_validator("teacher")(_scripted_kind)
 
 
 class LeagueLoopConfig(Section):
@@ -159,7 +196,7 @@ class TournamentRunConfig(Section):
             if isinstance(algo, dict) and not {"name", "advantage"} & set(algo):
                 p = {**p, "algorithm": {**algo, "advantage": "rae"}}
             policies.append(p)
-        return {**data, "policies": policies}
+        return {**data, "policies": policies} if "policies" in data else data
 
     @model_validator(mode="after")
     def _memory(self) -> TournamentRunConfig:
@@ -230,4 +267,22 @@ class TournamentRunConfig(Section):
         missing = [o for o in self.eval.opponents if o not in {b.id for b in self.baselines}]
         if missing:
             raise ValueError(f"eval.opponents {missing} are not baseline ids")
+        return self
+
+    @model_validator(mode="after")
+    def _scripted_fit_envs(self) -> TournamentRunConfig:
+        """Every baseline (and the warm-start teacher) plays one game of each env, so a kind
+        made for another game fails here rather than in the middle of a run."""
+        players = [(f"baselines.{i}.kind", b.kind, b.seed, b.roles)
+                   for i, b in enumerate(self.baselines)]
+        if self.warm_start.steps:
+            players.append(("warm_start.teacher", self.warm_start.teacher, self.seed, None))
+        seats = self.env_seats() if players else {}
+        for field, kind, seed, roles in players:
+            for env in self.envs:
+                error = _play_one_game(env, seats[env.id], kind, seed, roles,
+                                       self.runner.max_turns)
+                if error:
+                    raise ValueError(f"{field}: {kind!r} cannot play {env.id} ({error}); pick a "
+                                     f"scripted policy made for {env.id}, e.g. random")
         return self

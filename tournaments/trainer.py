@@ -24,13 +24,7 @@ from agentrt.controller import Controller, greedy, set_threads
 from agentrt.memory.policy import wire_memories
 from agentrt.policies.base import Action, ActRequest
 from agentrt.policies.lm import LMPolicy, PromptTemplate
-from agentrt.policies.scripted import (
-    BargainHeuristic,
-    ConnectFourHeuristic,
-    KuhnPolicy,
-    MinimaxTicTacToe,
-    RandomPolicy,
-)
+from agentrt.policies.scripted import scripted_factory
 from agentrt.progress import StepProgress
 from agentrt.run import RunDir, seed_everything
 from agentrt.runner.core import EpisodeRecord, EpisodeRunner, EpisodeSpec, RunResult
@@ -44,8 +38,6 @@ from agentrt.types import Turn
 
 log = logging.getLogger(__name__)
 
-SCRIPTED = {"random": RandomPolicy, "minimax": MinimaxTicTacToe, "connect4": ConnectFourHeuristic,
-            "kuhn": KuhnPolicy, "bargain": BargainHeuristic}
 
 
 class Teacher:
@@ -100,7 +92,7 @@ class LeagueWorkload:
         self.env_kwargs = {e.id: dict(e.kwargs) for e in cfg.envs}
         self.seats = {k: list(v) for k, v in cfg.env_seats().items()}
         self.roles = {p.id: p.roles for p in cfg.policies} | {b.id: b.roles for b in cfg.baselines}
-        self.baselines = {b.id: SCRIPTED[b.kind](seed=b.seed) for b in cfg.baselines}
+        self.baselines = {b.id: scripted_factory(b.kind)(seed=b.seed) for b in cfg.baselines}
         self.policy_cfgs = {p.id: p for p in cfg.policies}
         self.heldout: dict[str, list[PreferenceExample]] = {}  # preference learners' eval pairs
         self.matches: list[Match] = []
@@ -128,7 +120,7 @@ class LeagueWorkload:
         sft = SFTConfig(steps=max(1, ws.steps), lr=ws.lr, warmup_steps=0,
                         batch_size=ws.games_per_step)
         for pid in self.learners if ws.steps else []:
-            teacher = Teacher(self.lm[pid], SCRIPTED[ws.teacher](seed=cfg.seed + 1))
+            teacher = Teacher(self.lm[pid], scripted_factory(ws.teacher)(seed=cfg.seed + 1))
             runner = EpisodeRunner({"teacher": teacher},
                                    cfg.runner.model_copy(update={"seed": cfg.seed + 2}))
             bar = StepProgress(ws.steps, enabled=self.progress, label=f"warm start {pid}")

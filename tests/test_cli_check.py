@@ -1,0 +1,168 @@
+"""`agentrt check-config`: every example passes, bad configs of every kind fail in one line that
+names the field, before any run folder exists, and the check imports nothing heavy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agentrt.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*.yaml") if p.name != "raycluster.yaml")
+
+
+def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+            *args: str) -> tuple[int, str, str]:
+    """Runs ``agentrt ARGS`` in this process through the real entry point."""
+    monkeypatch.setattr(sys, "argv", ["agentrt", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_passes(path: Path, monkeypatch, capsys, request) -> None:
+    args = ["check-config", str(path)]
+    if path.parent.name == "cluster":  # its model lives on the cluster's shared storage
+        args += ["--set", f"policy.model.path={request.getfixturevalue('tiny_model_dir')}"]
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    kind = out.splitlines()[0]
+    assert kind in ("# train config, valid", "# tournament config, valid",
+                    "# decompose config, valid")
+    assert "run_dir:" in out  # the resolved config follows
+
+
+NANO = "{id: lm, model: {preset: llama-nano}}"
+TTT = f"envs: [{{id: TicTacToe-v0}}]\npolicies: [{NANO}]\n"
+WORDCHAIN = """family: {name: wordchain}
+planner: {kind: rule}
+policies:
+  - {id: reader, model: {preset: llama-nano}, skills: [parse, format]}
+  - {id: calc, model: {preset: llama-nano}, skills: [add, sub, mul, div]}
+"""
+
+# (config text, a piece of the one error line: the field it names)
+BAD = {
+    # train
+    "lr_negative": ("policy: {optim: {lr: -1}}", "policy.optim.lr"),
+    "reward_unknown": ("reward: exact_matsh", "reward: unknown reward 'exact_matsh'"),
+    "reward_module": ("reward: no_such_mod_x:f", "reward: cannot import module 'no_such_mod_x'"),
+    "reward_attr": ("reward: agentrt.rewards:nope", "reward: 'agentrt.rewards' has no function"),
+    "task_unknown": ("task: {name: algebra}", "unknown task 'algebra'"),
+    "task_option": ("task: {options: {bogus: 1}}", "task: options"),
+    "advantage": ("policy: {algorithm: {advantage: ppo2}}", "advantage 'ppo2' is not registered"),
+    "preset": ("policy: {model: {preset: llama-huge}}", "unknown preset 'llama-huge'"),
+    "model_path": ("policy: {model: {path: /no/such/model}}", "policy.model.path"),
+    "data_path": ("data: {path: /no/such.jsonl}", "data.path"),
+    "dpo_no_data": ("policy: {algorithm: dpo}", "needs data.path"),
+    "unknown_key": ("task: {name: arithmetic}\ntrian: {steps: 1}", "trian: Extra inputs"),
+    "steps": ("task: {name: arithmetic}\ntrain: {steps: -1}", "train.steps"),
+    "backend": ("policy: {rollout: {backend: tpu}}", "policy.rollout.backend"),
+    # tournament
+    "env_unknown": (f"envs: [{{id: Nope-v0}}]\npolicies: [{NANO}]", "unknown env 'Nope-v0'"),
+    "baseline_wrong_game": (
+        f"envs: [{{id: ConnectFour-v0}}]\npolicies: [{NANO}]\n"
+        "baselines: [{id: random, kind: random}, {id: mm, kind: minimax}]",
+        "baselines.1.kind: 'minimax' cannot play ConnectFour-v0"),
+    "baseline_unknown": (TTT + "baselines: [{id: b, kind: alphazero}]",
+                         "unknown scripted policy 'alphazero'"),
+    "baseline_module": (TTT + "baselines: [{id: b, kind: 'no_such_mod_x:P'}]",
+                        "cannot import module 'no_such_mod_x'"),
+    "teacher_wrong_game": (
+        f"envs: [{{id: KuhnPoker-v0}}]\npolicies: [{NANO}]\n"
+        "baselines: [{id: random}]\nwarm_start: {steps: 2, teacher: connect4}",
+        "warm_start.teacher: 'connect4' cannot play KuhnPoker-v0"),
+    "eval_opponent": (TTT + "eval: {opponents: [ghost]}", "eval.opponents ['ghost']"),
+    "format": (TTT + "schedule: {format: elo}", "schedule.format"),
+    "duplicate_ids": (TTT + "baselines: [{id: lm, kind: random}]", "repeated: ['lm']"),
+    "roles": (TTT.replace("llama-nano}", "llama-nano}, roles: [dealer]"), "policies.0.roles"),
+    "no_policies": ("envs: [{id: TicTacToe-v0}]", "policies: Field required"),
+    "tournament_model_path": (
+        TTT.replace("preset: llama-nano", "path: /no/such/model") + "baselines: [{id: random}]",
+        "policies.0.model.path"),
+    # decompose
+    "family": ("family: {name: poetry}\npolicies: [{id: p}]", "family.name"),
+    "planner_policy": (WORDCHAIN.replace("kind: rule", "kind: lm"), "planner.policy"),
+    "planner_kind": (WORDCHAIN.replace("kind: rule", "kind: magic"), "planner.kind"),
+    "skill": (WORDCHAIN.replace("[add, sub, mul, div]", "[add, sub, mul, div, pow]"),
+              "unknown skill 'pow'"),
+    "missing_skill": (WORDCHAIN.replace("[add, sub, mul, div]", "[add, sub, mul]"),
+                      "subtask type 'div'"),
+    "tool_fn": (WORDCHAIN + "tools: [{id: t, fn: 'no_such_mod_x:f', skills: [div]}]",
+                "tools.0.fn: cannot import module"),
+    # any kind
+    "two_kinds": ("envs: [{id: TicTacToe-v0}]\nfamily: {name: wordchain}",
+                  "several config kinds: tournament (envs); decompose (family)"),
+    "policies_only": (f"policies: [{NANO}]", "pass --kind"),
+    "not_yaml": ("envs: [unclosed", "not valid YAML"),
+    "not_mapping": ("- a\n- b", "the top level must be a mapping"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_config_is_one_line(name: str, tmp_path: Path, monkeypatch, capsys) -> None:
+    text, field = BAD[name]
+    path = tmp_path / "bad.yaml"
+    path.write_text(text + "\n")
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli(monkeypatch, capsys, "check-config", str(path),
+                             "--set", f"run_dir={run_dir}")
+    assert code == 2, (out, err)
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert field in lines[0], lines[0]
+    assert "Traceback" not in err
+    assert not run_dir.exists()
+
+
+def test_kind_option_and_wrong_kind(tmp_path: Path, monkeypatch, capsys) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"policies: [{NANO}]\n" + TTT.split("\n")[0] + "\nbaselines: [{id: random}]\n")
+    code, out, _ = run_cli(monkeypatch, capsys, "check-config", str(path), "--kind", "tournament")
+    assert code == 0 and out.startswith("# tournament config, valid")
+    code, _, err = run_cli(monkeypatch, capsys, "check-config", str(path), "--kind", "train")
+    assert code == 2 and "envs: Extra inputs are not permitted" in err
+    code, _, err = run_cli(monkeypatch, capsys, "check-config", str(path), "--kind", "league")
+    assert code == 2 and "--kind 'league' is not a config kind" in err
+
+
+LIGHT_CHECK = textwrap.dedent("""
+    import json, sys, time
+    t0 = time.perf_counter()
+    from agentrt.cli import main
+    sys.argv, code = ["agentrt", "check-config", sys.argv[1]], 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    heavy = [m for m in ("torch", "transformers", "ray", "matplotlib", "vllm") if m in sys.modules]
+    print(json.dumps({"code": code, "heavy": heavy, "s": time.perf_counter() - t0}))
+""")
+
+
+@pytest.mark.parametrize("case", ["ttt_league.yaml", "decompose_wordchain.yaml", "bad_reward"])
+def test_check_imports_nothing_heavy(case: str, tmp_path: Path) -> None:
+    """A fresh interpreter checks a config without torch, transformers, Ray or matplotlib; the
+    time it took is reported (not asserted: the machine may be busy)."""
+    path = ROOT / "examples" / case
+    if case == "bad_reward":
+        path = tmp_path / "bad.yaml"
+        path.write_text("reward: no_such_reward\n")
+    proc = subprocess.run([sys.executable, "-c", LIGHT_CHECK, str(path)], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)
+    result = json.loads(proc.stdout.splitlines()[-1])
+    print(f"check-config {case}: exit {result['code']} in {result['s']:.2f} s")
+    assert result["code"] == (2 if case == "bad_reward" else 0), proc.stderr
+    assert result["heavy"] == []
