@@ -127,9 +127,15 @@ def tournament_report(run_dir: Path = typer.Argument(..., help="A tournament run
     from agentrt.tournaments.report import write_report
     from agentrt.tournaments.records import MatchStore
 
+    import sqlite3
+
     if not (run_dir / "matches.sqlite").is_file():
         raise AgentrtError(f"{run_dir} has no matches.sqlite; is it a tournament run folder?")
-    typer.echo(f"report: {write_report(MatchStore(run_dir))}")
+    try:
+        typer.echo(f"report: {write_report(MatchStore(run_dir))}")
+    except sqlite3.DatabaseError as exc:
+        raise AgentrtError(f"{run_dir / 'matches.sqlite'} cannot be read ({exc}); is it a "
+                           "tournament run's match database?") from None
 
 
 decompose_app = typer.Typer(no_args_is_help=True,
@@ -170,8 +176,6 @@ def decompose_report(run_dir: Path = typer.Argument(..., help="A decomposer run 
 
 
 def main() -> None:
-    import click
-
     try:
         code = app(standalone_mode=False)  # typer returns 130 after Ctrl-C in this mode
         if code == 130:
@@ -181,14 +185,16 @@ def main() -> None:
             raise
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, typer.Abort):
         typer.echo("interrupted; run the same command again to resume from the last checkpoint",
                    err=True)
         sys.exit(130)
-    except Exception as exc:  # click usage errors come here too under standalone_mode=False
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+    except typer.TyperException as exc:  # usage: unknown command or option, missing argument
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        if message:  # empty after no_args_is_help printed the help
+            typer.echo(f"error: {message} (see agentrt --help)", err=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except Exception as exc:  # noqa: BLE001 - one line unless --debug, as every error
         if _DEBUG["on"]:
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

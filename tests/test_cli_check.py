@@ -166,3 +166,71 @@ def test_check_imports_nothing_heavy(case: str, tmp_path: Path) -> None:
     print(f"check-config {case}: exit {result['code']} in {result['s']:.2f} s")
     assert result["code"] == (2 if case == "bad_reward" else 0), proc.stderr
     assert result["heavy"] == []
+
+
+EX = ROOT / "examples"
+# (command line with {tmp} for the test's folder, a piece of the one error line)
+BAD_INPUTS = {
+    "train_missing_file": ("train {tmp}/none.yaml", "does not exist"),
+    "train_bad_yaml": ("train {tmp}/broken.yaml", "not valid YAML at line"),
+    "train_tournament_config": (f"train {EX}/ttt_league.yaml",
+                                "run it with `agentrt tournament run`"),
+    "train_bad_override": (f"train {EX}/arith_grpo.yaml --set foo",
+                           "override 'foo' must look like section.field=value"),
+    "train_bad_value": (f"train {EX}/arith_grpo.yaml --set policy.optim.lr=-1",
+                        "policy.optim.lr: Input should be greater than 0"),
+    "train_unknown_reward": (f"train {EX}/arith_grpo.yaml --set reward=nope",
+                             "reward: unknown reward 'nope'"),
+    "train_missing_argument": ("train", "Missing argument 'config'"),
+    "train_unknown_option": (f"train {EX}/arith_grpo.yaml --bogus", "No such option: --bogus"),
+    "tournament_run_train_config": (f"tournament run {EX}/arith_grpo.yaml",
+                                    "run it with `agentrt train`"),
+    "tournament_run_wrong_baseline": (
+        f"tournament run {EX}/ttt_league.yaml --set baselines.1.kind=connect4",
+        "baselines.1.kind: 'connect4' cannot play TicTacToe-v0"),
+    "tournament_run_list_index": (f"tournament run {EX}/ttt_league.yaml --set policies.3.id=x",
+                                  "policies is a list of 1"),
+    "tournament_eval_decompose_config": (f"tournament eval {EX}/decompose_wordchain.yaml",
+                                         "run it with `agentrt decompose run`"),
+    "tournament_eval_missing_file": ("tournament eval {tmp}/none.yaml", "does not exist"),
+    "tournament_report_not_a_run": ("tournament report {tmp}", "has no matches.sqlite"),
+    "tournament_report_corrupt": ("tournament report {tmp}/corrupt", "cannot be read"),
+    "decompose_run_tournament_config": (f"decompose run {EX}/ttt_league.yaml",
+                                        "run it with `agentrt tournament run`"),
+    "decompose_run_bad_family": (f"decompose run {EX}/decompose_wordchain.yaml "
+                                 "--set family.name=poetry", "family.name"),
+    "decompose_report_not_a_run": ("decompose report {tmp}", "has no chains.jsonl"),
+    "check_config_missing_file": ("check-config {tmp}/none.yaml", "does not exist"),
+    "check_config_bad_kind": (f"check-config {EX}/ttt_league.yaml --kind league",
+                              "--kind 'league' is not a config kind"),
+    "unknown_command": ("tournamnet run x.yaml", "No such command 'tournamnet'"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_INPUTS))
+def test_bad_input_to_any_command_is_one_line(name: str, tmp_path: Path, monkeypatch,
+                                              capsys) -> None:
+    """Exit code 2, one line on stderr, no traceback, and nothing started (no run folder)."""
+    line, expected = BAD_INPUTS[name]
+    (tmp_path / "broken.yaml").write_text("policy: {optim: [unclosed\n")
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "matches.sqlite").write_text("not a database")
+    monkeypatch.chdir(tmp_path)  # an example's default run_dir would land here
+    args = line.format(tmp=tmp_path).split()
+    if args[0] in ("train", "tournament", "decompose") and "report" not in args:
+        args += ["--set", f"run_dir={tmp_path / 'run'}"]
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2, (out, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert expected in lines[0], lines[0]
+    assert "Traceback" not in err and out == ""
+    assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
+
+
+def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch, capsys) -> None:
+    from agentrt.errors import ConfigError
+
+    monkeypatch.setattr(sys, "argv", ["agentrt", "--debug", "check-config", str(tmp_path / "x")])
+    with pytest.raises(ConfigError, match="does not exist"):
+        main()
