@@ -49,6 +49,9 @@ class ChainConfig(Section):
     on_failure: Literal["end", "repair", "continue"] = Field(
         "end", description="After a failed subtask: end the chain, retry the step, or go on.")
     repairs: int = Field(1, ge=0, description="Retries of one step (on_failure: repair).")
+    retry_with: Literal["other", "any"] = Field(
+        "other", description="Who retries a failed step: 'other' a specialist that has not failed "
+                             "it yet when one has the skill, 'any' whoever the router picks.")
     outcome_share: float = Field(
         0.5, ge=0.0, le=1.0, description="Share of the task outcome each specialist gets on top "
                                          "of its subtask verifier's reward.")

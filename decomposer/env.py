@@ -103,6 +103,7 @@ class ChainEnv(MultiAgentEnv):
         self.failure: str | None = None
         self.note = ""
         self.plan_text = ""
+        self.bound: dict[str, str] = {}  # attempt agent -> the policy the router bound it to
         if self.planner == "lm":
             self.agent_selection = PLANNER
         else:
@@ -137,6 +138,19 @@ class ChainEnv(MultiAgentEnv):
         if self._done or agent == PLANNER or agent != self.agent_selection:
             return None
         return self.step_now.type
+
+    def bind(self, agent: str, policy: str) -> None:
+        """Notes the policy the router bound ``agent`` to (read by :meth:`failed_by`)."""
+        self.bound[agent] = policy
+
+    def failed_by(self) -> frozenset[str]:
+        """The policies whose tries of the current step failed (a repair may route around
+        them)."""
+        if self.plan is None or self._done:
+            return frozenset()
+        step = self.step_now.id
+        return frozenset(self.bound[h["agent"]] for h in self.history
+                         if h["step"] == step and h["agent"] in self.bound)
 
     def max_new_tokens(self, agent: str) -> int | None:
         """The acting step's token budget (an LM policy generates at most this many tokens)."""

@@ -147,8 +147,14 @@ class DecomposeWorkload:
 
     def seat_router(self, explore: bool = True) -> Callable[[Any, str], str]:
         """Binds an attempt agent to a specialist when it first acts."""
+        other = self.cfg.chain.retry_with == "other"
+
         def route(env: Any, agent: str) -> str:
-            return self.router.route(env.subtask(agent), env.observe(agent), explore=explore)
+            pid = self.router.route(env.subtask(agent), env.observe(agent),
+                                    exclude=env.failed_by() if other else frozenset(),
+                                    explore=explore)
+            env.bind(agent, pid)
+            return pid
 
         return route
 

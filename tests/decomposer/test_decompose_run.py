@@ -134,6 +134,20 @@ def tool_run(tmp_path_factory, tiny_model_dir) -> Path:
     return run_dir
 
 
+def test_a_failed_step_is_retried_by_another_specialist(tool_run: Path) -> None:
+    """``chain.retry_with: other`` (the default): under ``on_failure: repair`` the retry of a
+    step goes to a specialist that has not failed it, when one has the skill."""
+    chains = read_jsonl(tool_run / "chains.jsonl") + [
+        c for e in read_jsonl(tool_run / "eval_chains.jsonl") for c in e["chains"]]
+    retries = [(a["policy"], b["policy"]) for c in chains
+               for a, b in zip(c["steps"], c["steps"][1:]) if a["step"] == b["step"]]
+    assert ("reader", "calc") in retries  # reader fails parse; calc does it right
+    # only odd_format formats: its failed tries can only go back to it
+    assert ("odd_format", "odd_format") in retries
+    assert all(first != again or first == "odd_format" for first, again in retries), \
+        Counter(retries)
+
+
 # ---------------------------------------------------------------------- must-show 5
 def test_specialist_that_raises_is_an_outcome_and_the_run_trains_on(tool_run: Path) -> None:
     chains = read_jsonl(tool_run / "chains.jsonl")
