@@ -10,12 +10,16 @@ imports torch, transformers, Ray or matplotlib: an invalid config fails in well 
 
 from __future__ import annotations
 
+import functools
 import importlib
 from pathlib import Path
 from typing import Any, Sequence
 
+from pydantic import Field, create_model
+
 from agentrt.config import Section, read_config, validate_config
 from agentrt.errors import ConfigError
+from agentrt.plugins import config_imports, load_plugins
 from agentrt.registry import import_callable
 
 # kind -> (config model as "module:class", sections only that kind has)
@@ -28,12 +32,17 @@ KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+@functools.cache
 def config_model(kind: str) -> type[Section]:
-    """The pydantic model of a config kind ('train', 'tournament' or 'decompose')."""
+    """The pydantic model of a config kind ('train', 'tournament' or 'decompose'), with the
+    ``imports:`` field every kind has (see agentrt.plugins)."""
     if kind not in KINDS:
         raise ConfigError(f"--kind {kind!r} is not a config kind; valid: {', '.join(KINDS)}")
     module, _, name = KINDS[kind][0].partition(":")
-    return getattr(importlib.import_module(module), name)
+    base = getattr(importlib.import_module(module), name)
+    return create_model(name, __base__=base, __module__=base.__module__, imports=(
+        tuple[str, ...], Field((), description="Modules imported before the config is checked "
+                                               "(user envs, rewards, tasks, scripted players).")))
 
 
 def detect_kind(data: dict[str, Any], path: str | Path = "config",
@@ -60,7 +69,8 @@ def detect_kind(data: dict[str, Any], path: str | Path = "config",
 
 
 def load_checked(path: str | Path, overrides: Sequence[str] | None = None,
-                 kind: str | None = None, expect: str | None = None) -> tuple[str, Any]:
+                 kind: str | None = None, expect: str | None = None,
+                 imports: Sequence[str] = ()) -> tuple[str, Any]:
     """Reads, validates and resolves a config of any kind.
 
     Args:
@@ -69,6 +79,7 @@ def load_checked(path: str | Path, overrides: Sequence[str] | None = None,
         kind: The config kind; None tells it from the sections.
         expect: The kind a command runs (e.g. 'tournament'): another kind is an error that
             names the command to use instead.
+        imports: Plugin modules to import (``--import``), besides the config's ``imports:``.
 
     Returns:
         ``(kind, config)``.
@@ -77,6 +88,9 @@ def load_checked(path: str | Path, overrides: Sequence[str] | None = None,
         ConfigError: one line naming the field and the fix.
     """
     data = read_config(path, list(overrides or []))
+    load_plugins([*imports, *config_imports(data)], search=Path(path).resolve().parent)
+    if imports:
+        data = {**data, "imports": [*imports, *config_imports(data)]}
     kind = kind or detect_kind(data, path, default=expect)
     if expect is not None and kind != expect:
         command = {"train": "agentrt train", "tournament": "agentrt tournament run",

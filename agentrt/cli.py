@@ -20,6 +20,8 @@ from agentrt.errors import AgentrtError
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="agentrt: RL post-training of many language-model policies.")
 _DEBUG = {"on": False}
+_IMPORT = typer.Option(None, "--import", help="Plugin module to import before the config is "
+                       "checked (repeatable; see agentrt.plugins).")
 
 
 @app.callback()
@@ -28,12 +30,12 @@ def _options(debug: bool = typer.Option(False, "--debug", help="Show tracebacks 
     _DEBUG["on"] = debug
 
 
-def _load(config: Path, set_: Optional[list[str]], run_dir: Optional[str] = None,
-          expect: Optional[str] = None, kind: Optional[str] = None) -> Any:
+def _load(config: Path, set_: Optional[list[str]], imports: Optional[list[str]],
+          run_dir: Optional[str] = None, expect: Optional[str] = None) -> Any:
     from agentrt.checks import load_checked
 
     overrides = list(set_ or []) + ([f"run_dir={run_dir}"] if run_dir else [])
-    return load_checked(config, overrides, kind=kind, expect=expect)[1]
+    return load_checked(config, overrides, expect=expect, imports=imports or ())[1]
 
 
 def _setup() -> None:
@@ -48,11 +50,12 @@ def _setup() -> None:
 def train(
     config: Path = typer.Argument(..., help="YAML config (see examples/)."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
+    imports: Optional[list[str]] = _IMPORT,
     run_dir: Optional[str] = typer.Option(None, help="Output folder (overrides run_dir)."),
 ) -> None:
     """Train one policy on a built-in task: optional SFT warm start, then GRPO/PPO/..."""
     _setup()
-    cfg = _load(config, set_, run_dir, expect="train")
+    cfg = _load(config, set_, imports, run_dir, expect="train")
     from agentrt.trainer import Trainer
 
     trainer = Trainer(cfg)
@@ -68,6 +71,7 @@ def train(
 def check_config(
     config: Path = typer.Argument(..., help="YAML config to validate (any kind)."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
+    imports: Optional[list[str]] = _IMPORT,
     kind: Optional[str] = typer.Option(
         None, help="train, tournament or decompose (default: told by the config's sections)."),
 ) -> None:
@@ -76,7 +80,7 @@ def check_config(
     from agentrt.checks import load_checked
     from agentrt.config import dump_config
 
-    found, cfg = load_checked(config, list(set_ or []), kind=kind)
+    found, cfg = load_checked(config, list(set_ or []), kind=kind, imports=imports or ())
     typer.echo(f"# {found} config, valid\n{dump_config(cfg)}", nl=False)
 
 
@@ -88,12 +92,13 @@ app.add_typer(tournament_app, name="tournament")
 def tournament_run(
     config: Path = typer.Argument(..., help="YAML tournament config (see examples/)."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
+    imports: Optional[list[str]] = _IMPORT,
     run_dir: Optional[str] = typer.Option(None, help="Output folder (overrides run_dir)."),
 ) -> None:
     """Train learning policies by playing scheduled matches; resumes if the folder has a
     checkpoint; ends with the leaderboard and the HTML report."""
     _setup()
-    cfg = _load(config, set_, run_dir, expect="tournament")
+    cfg = _load(config, set_, imports, run_dir, expect="tournament")
     from agentrt.tournaments.trainer import LeagueTrainer
 
     trainer = LeagueTrainer(cfg)
@@ -107,10 +112,11 @@ def tournament_eval(
     config: Path = typer.Argument(..., help="YAML config: frozen policies (model.path) and "
                                             "baselines; schedule.format round_robin or swiss."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
+    imports: Optional[list[str]] = _IMPORT,
 ) -> None:
     """Rating-only tournament between checkpoints and baselines (nothing trains)."""
     _setup()
-    cfg = _load(config, set_, expect="tournament")
+    cfg = _load(config, set_, imports, expect="tournament")
     from agentrt.tournaments.trainer import LeagueTrainer
 
     frozen = tuple(p.model_copy(update={"trainable": False}) for p in cfg.policies)
@@ -147,12 +153,13 @@ app.add_typer(decompose_app, name="decompose")
 def decompose_run(
     config: Path = typer.Argument(..., help="YAML decomposer config (see examples/)."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
+    imports: Optional[list[str]] = _IMPORT,
     run_dir: Optional[str] = typer.Option(None, help="Output folder (overrides run_dir)."),
 ) -> None:
     """Train a planner and its specialists on a task family's chains; resumes if the folder
     has a checkpoint; ends with held-out success and the HTML report."""
     _setup()
-    cfg = _load(config, set_, run_dir, expect="decompose")
+    cfg = _load(config, set_, imports, run_dir, expect="decompose")
     from agentrt.decomposer.workload import Decomposer
 
     runner = Decomposer(cfg)

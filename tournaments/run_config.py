@@ -27,6 +27,7 @@ from pydantic import Field, field_validator, model_validator
 
 from agentrt.config import CheckpointConfig, PolicyConfig, RuntimeConfig, Section
 from agentrt.errors import ConfigError
+from agentrt.registry import import_callable
 from agentrt.memory.policy import MemoryBanksConfig, check_policy_memory
 from agentrt.runner.core import RunnerConfig
 from agentrt.tournaments.config import ScheduleConfig, build_scheduler
@@ -53,10 +54,14 @@ def _zero_sum(entry: Any) -> bool:
     from agentrt.envs.registration import ENVS
 
     env_id = entry.get("id") if isinstance(entry, dict) else None
-    if env_id not in ENVS:
-        return False  # the entry's own validation reports it
-    point = ENVS.get(env_id).entry_point
-    return bool(getattr(point, "zero_sum", False))  # lazy "module:attr" entries: unknown, no
+    point = (ENVS.get(env_id).entry_point if env_id in ENVS
+             else env_id if isinstance(env_id, str) and ":" in env_id else None)
+    if isinstance(point, str):  # "module:Class", loaded to read its zero_sum flag
+        try:
+            point = import_callable(point, "env")
+        except ConfigError:
+            return False  # the entry's own validation reports it
+    return bool(getattr(point, "zero_sum", False))
 
 
 def _play_one_game(env: EnvEntry, agents: tuple[str, ...], kind: str, seed: int,
@@ -89,7 +94,8 @@ class TemplateConfig(Section):
 
 
 class EnvEntry(Section):
-    id: str = Field(..., description="Registered env id, e.g. TicTacToe-v0.")
+    id: str = Field(..., description="Registered env id, e.g. TicTacToe-v0, or "
+                                     "'package.module:Class' of a multi-agent env.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of make().")
     template: TemplateConfig = Field(default_factory=TemplateConfig)
 
@@ -98,8 +104,17 @@ class EnvEntry(Section):
         import agentrt.envs  # noqa: F401 - registers the built-in envs
         from agentrt.envs.registration import ENVS
 
+        if self.id not in ENVS and ":" in self.id:  # a user's env class, "package.module:Class"
+            from agentrt.envs.registration import register
+
+            try:
+                import_callable(self.id, f"env {self.id!r}")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+            register(self.id, self.id, multi_agent=True)
         if self.id not in ENVS:
-            raise ValueError(f"unknown env {self.id!r}; valid: {', '.join(ENVS.names())}")
+            raise ValueError(f"unknown env {self.id!r}; valid: {', '.join(ENVS.names())}; or "
+                             "give 'package.module:Class', or load a plugin (imports:)")
         return self
 
 

@@ -1,0 +1,122 @@
+"""Plugins (agentrt.plugins): examples/plugin_pkg brings its own env, scripted player, task and
+reward, and `agentrt tournament run` and `agentrt train` use them from YAML alone."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = ROOT / "examples" / "plugin_pkg"
+AGENTRT = [sys.executable, "-m", "agentrt.cli"]
+
+
+def agentrt(*args: str, cwd: Path, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a fresh process, run from ``cwd`` (not the repo: nothing on sys.path)."""
+    return subprocess.run([*AGENTRT, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=600)
+
+
+def test_scripted_player_task_and_reward_behave(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(PLUGIN))
+    from agentrt.policies import RandomPolicy
+    from agentrt.runner import EpisodeRunner, specs
+    from nim_plugin.task import nim_optimal
+
+    assert nim_optimal("", " 1", {"stones": 13}) == 1.0  # leaves 12
+    assert nim_optimal("", "2", {"stones": 13}) == 0.0
+    assert nim_optimal("", "3", {"stones": 12}) == 0.5  # no winning move: any legal take
+    assert nim_optimal("", "3", {"stones": 2}) == 0.0  # more than the pile
+    from nim_plugin.players import OptimalNim
+
+    runner = EpisodeRunner({"perfect": OptimalNim(seed=0), "random": RandomPolicy(seed=0)})
+    records = runner.run(specs("Nim-v0", ("perfect", "random"), 200)).episodes
+    wins = sum(r.returns[next(a for a, p in r.seats.items() if p == "perfect")] > 0
+               for r in records)
+    assert wins >= 190  # 15 stones: the mover at a non-multiple of 4 wins with perfect play
+
+
+def test_league_with_the_plugin_from_yaml_alone(tmp_path: Path) -> None:
+    """The scripted player is a league opponent (module:Class) and the warm-start teacher (its
+    registered name); imports: finds the package beside the YAML."""
+    run = tmp_path / "run"
+    proc = agentrt("tournament", "run", str(PLUGIN / "nim_league.yaml"), "--run-dir", str(run),
+                   "--set", "policies.0.model.preset=llama-nano", "--set", "train.steps=2",
+                   "--set", "train.games_per_step=8", "--set", "warm_start.steps=1",
+                   "--set", "warm_start.games_per_step=4", "--set", "eval.games=4",
+                   "--set", "progress=false", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["imports"] == ["nim_plugin"] and saved["warm_start"]["teacher"] == "optimal-nim"
+    assert saved["policies"][0]["algorithm"]["advantage"] == "rae"  # Nim says it is zero-sum
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert "sft/loss" in first  # the teacher's moves were cloned
+    assert "eval/win_rate_vs_perfect" in first
+    with sqlite3.connect(run / "matches.sqlite") as db:
+        envs = {e for (e,) in db.execute("SELECT DISTINCT env FROM matches")}
+        perfect = db.execute("SELECT COUNT(*) FROM seats WHERE policy_id = 'perfect'").fetchone()
+    assert envs == {"Nim-v0"} and perfect[0] > 0
+
+
+def test_train_with_the_plugin_task_and_reward(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = agentrt("train", str(PLUGIN / "nim_train.yaml"), "--run-dir", str(run),
+                   "--set", "policy.model.preset=llama-nano", "--set", "train.steps=2",
+                   "--set", "train.prompts_per_step=4", "--set", "train.group_size=2",
+                   "--set", "sft.steps=1", "--set", "progress=false", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    scored = [r for r in rows if "reward/mean" in r]
+    assert len(scored) == 2 and all(r["reward/errors"] == 0 for r in scored)
+    assert "eval/reward" in rows[-1]
+
+
+CONFIG = textwrap.dedent("""
+    envs: [{id: Nim-v0}]
+    policies: [{id: lm, model: {preset: llama-nano}}]
+    baselines: [{id: random}, {id: perfect, kind: optimal-nim}]
+""")
+
+
+def test_import_option_and_entry_point(tmp_path: Path) -> None:
+    """Without imports: the names are unknown; --import, or an installed distribution's
+    agentrt.plugins entry point, makes them resolve."""
+    config = tmp_path / "nim.yaml"
+    config.write_text(CONFIG)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PLUGIN)}
+    proc = agentrt("check-config", str(config), cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "unknown env 'Nim-v0'" in proc.stderr
+    proc = agentrt("check-config", str(config), "--import", "nim_plugin", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    proc = agentrt("check-config", str(config), "--import", "nim_plugn", cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "imports: cannot import 'nim_plugn'" in proc.stderr
+    # What `pip install examples/plugin_pkg` leaves in site-packages: the package's metadata
+    # with its entry point (read by importlib.metadata, as for any installed distribution).
+    dist = tmp_path / "site" / "agentrt_nim_plugin-0.1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: agentrt-nim-plugin\n"
+                                   "Version: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[agentrt.plugins]\nnim = nim_plugin\n")
+    env["PYTHONPATH"] = f"{PLUGIN}:{tmp_path / 'site'}"
+    proc = agentrt("check-config", str(config), cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_env_and_player_by_module_and_class(tmp_path: Path) -> None:
+    """'package.module:Class' names an env and a scripted player without registering them; the
+    env's zero_sum flag still picks RAE."""
+    config = tmp_path / "nim.yaml"
+    by_class = "kind: 'nim_plugin.players:OptimalNim'"
+    config.write_text(CONFIG.replace("Nim-v0", "nim_plugin.env:Nim")
+                      .replace("kind: optimal-nim", by_class))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PLUGIN)}
+    proc = agentrt("check-config", str(config), cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "advantage: rae" in proc.stdout
