@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -84,6 +85,9 @@ class RouterConfig(BaseModel):
     memory_k: int = Field(16, gt=0, description="Past subtasks of the type read per decision.")
     memory_weight: float = Field(0.5, ge=0.0, le=1.0,
                                  description="Weight of the memory estimate against the ratings'.")
+    memory_size: int = Field(
+        20000, gt=0, description="Past outcomes kept; the oldest are forgotten first (bounds the "
+                                 "bank and the checkpoints, which hold its records).")
     embedder: str = Field("hashing", description="Embedder of the memory bank (memory.EMBEDDERS).")
 
     @field_validator("embedder")
@@ -130,6 +134,7 @@ class Router:
         if cfg.memory:
             path = None if memory_path is None else str(memory_path)
             self.bank = open_bank(BankConfig(name="router", embedder=cfg.embedder, path=path))
+        self._kept: deque[str] = deque(r.id for r in self.bank.records()) if self.bank else deque()
 
     # ------------------------------------------------------------------ decisions
     def candidates(self, subtask: str) -> list[str]:
@@ -261,8 +266,10 @@ class Router:
         if pending.get(policy_id, 0) > 0:
             pending[policy_id] -= 1
         if self.bank is not None and observation.strip():
-            self.bank.write(observation, policy_id=policy_id, env=subtask,
-                            tags=("ok",) if ok else ("fail",))
+            self._kept.append(self.bank.write(observation, policy_id=policy_id, env=subtask,
+                                              tags=("ok",) if ok else ("fail",)))
+            if len(self._kept) > self.cfg.memory_size:
+                self.bank.delete(self._kept.popleft())
 
     def _done(self, subtask: str, policy: str) -> int:
         return self._counts.get(subtask, {}).get(policy, [0, 0])[0]
@@ -331,6 +338,7 @@ class Router:
         missing = [r for r in records if r["id"] not in present]
         if missing:
             self.bank.write_many(missing)  # type: ignore[union-attr]
+        self._kept = deque(r["id"] for r in records)  # oldest first, as records() gives them
 
     def close(self) -> None:
         """Closes the memory bank (its folder keeps every write)."""

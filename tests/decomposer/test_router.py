@@ -101,6 +101,22 @@ def test_resume_makes_the_same_next_decisions(mode: str, tmp_path) -> None:
     assert decisions(reopened) == expected
 
 
+def test_memory_keeps_the_newest_outcomes_up_to_its_size(tmp_path) -> None:
+    cfg = RouterConfig(exploration="epsilon", memory=True, memory_size=7)
+    router = Router(cfg, SPLIT_SKILLS, SKILLS_OF, memory_path=tmp_path / "bank")
+    for i in range(10):
+        router.record("parse", f"parse: task {i}\n", "parse_a", True, step=0)
+    assert [r.text for r in router.bank.records()] == [f"parse: task {i}\n" for i in range(3, 10)]
+    state = json.loads(json.dumps(router.state_dict()))
+    assert len(state["memory"]) == 7
+    resumed = Router(cfg, SPLIT_SKILLS, SKILLS_OF)
+    resumed.load_state_dict(state)
+    for i in range(10, 13):  # the resumed router forgets in the same order
+        resumed.record("parse", f"parse: task {i}\n", "parse_a", True, step=1)
+    assert [r.text for r in resumed.bank.records()] == [f"parse: task {i}\n"
+                                                        for i in range(6, 13)]
+
+
 def test_unknown_type_and_unknown_policy_are_clear_errors() -> None:
     router = router_for(GOOD_BAD_SKILLS)
     with pytest.raises(RoutingError, match="'solve'.*skills solve"):
