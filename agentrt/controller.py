@@ -218,6 +218,8 @@ class Controller:
         work.start(self)
         last = {} if self._resume(work) else self._warm_start(work)
         bar = StepProgress(work.steps, enabled=work.progress, start=self.step, label=work.label)
+        if last:  # a fresh start: show the step-0 evaluation
+            bar.update(self.step, last)
         try:
             while self.step < work.steps and not work.done():
                 if stop_after is not None and stop_after <= 0:

@@ -11,11 +11,17 @@ PANELS = (
     ("rollout/response_length", "response length"), ("actor/pg_loss", "policy loss"),
     ("critic/vf_loss", "value loss"), ("actor/grad_norm", "grad norm"),
 )
+# Panels of every metric with this prefix, one line each (e.g. per eval opponent of a league).
+PREFIX_PANELS = (("eval/win_rate_vs_", "eval win rate"), ("eval/return_vs_", "eval mean return"))
 
 
 def plot_metrics(rows: list[dict[str, Any]], out: Path) -> Path | None:
     """Draws every panel that has data; returns the PNG path (None when there is nothing)."""
-    panels = [(k, t) for k, t in PANELS if any(k in r for r in rows)]
+    panels = [([k], t) for k, t in PANELS if any(k in r for r in rows)]
+    for prefix, title in PREFIX_PANELS:
+        keys = sorted({k for r in rows for k in r if k.startswith(prefix)})
+        if keys:
+            panels.append((keys, title))
     if not panels:
         return None
     import matplotlib
@@ -28,9 +34,13 @@ def plot_metrics(rows: list[dict[str, Any]], out: Path) -> Path | None:
     fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3 * nrows), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
-    for ax, (key, title) in zip(axes.flat, panels):
-        pts = [(r["step"], r[key]) for r in rows if key in r and r[key] is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if len(pts) < 30 else None)
+    for ax, (keys, title) in zip(axes.flat, panels):
+        for key in keys:
+            pts = [(r["step"], r[key]) for r in rows if key in r and r[key] is not None]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts],
+                    marker="o" if len(pts) < 30 else None, label=key.split("_vs_")[-1])
+        if len(keys) > 1 or "_vs_" in keys[0]:
+            ax.legend(fontsize=7, loc="best")
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -51,7 +51,7 @@ def test_league_with_the_plugin_from_yaml_alone(tmp_path: Path) -> None:
                    "--set", "policies.0.model.preset=llama-nano", "--set", "train.steps=2",
                    "--set", "train.games_per_step=8", "--set", "warm_start.steps=1",
                    "--set", "warm_start.games_per_step=4", "--set", "eval.games=4",
-                   "--set", "progress=false", cwd=tmp_path)
+                   "--set", "eval.every=1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["imports"] == ["nim_plugin"] and saved["warm_start"]["teacher"] == "optimal-nim"
@@ -63,6 +63,15 @@ def test_league_with_the_plugin_from_yaml_alone(tmp_path: Path) -> None:
         envs = {e for (e,) in db.execute("SELECT DISTINCT env FROM matches")}
         perfect = db.execute("SELECT COUNT(*) FROM seats WHERE policy_id = 'perfect'").fetchone()
     assert envs == {"Nim-v0"} and perfect[0] > 0
+    # Redirected output: a line per step with its ETA, and every evaluation as it comes.
+    evals = [line for line in proc.stderr.splitlines() if " eval: " in line]
+    assert [line.split(" eval: ")[0].split()[-1] for line in evals] == ["0/2", "1/2", "2/2"]
+    assert all("win_rate_vs_perfect=" in line for line in evals)
+    assert any("step 2/2" in line and "ETA" in line for line in proc.stderr.splitlines())
+    page = (run / "report.html").read_text()  # names the run, plots evaluations, embeds config
+    assert f"run folder: {run.resolve()}" in page
+    assert "<h2>Evaluation curves</h2><img alt='Evaluation curves' src='data:image/png" in page
+    assert "<h2>Resolved config</h2>" in page and "teacher: optimal-nim" in page
 
 
 def test_train_with_the_plugin_task_and_reward(tmp_path: Path) -> None:
@@ -70,12 +79,14 @@ def test_train_with_the_plugin_task_and_reward(tmp_path: Path) -> None:
     proc = agentrt("train", str(PLUGIN / "nim_train.yaml"), "--run-dir", str(run),
                    "--set", "policy.model.preset=llama-nano", "--set", "train.steps=2",
                    "--set", "train.prompts_per_step=4", "--set", "train.group_size=2",
-                   "--set", "sft.steps=1", "--set", "progress=false", cwd=tmp_path)
+                   "--set", "sft.steps=1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     scored = [r for r in rows if "reward/mean" in r]
     assert len(scored) == 2 and all(r["reward/errors"] == 0 for r in scored)
     assert "eval/reward" in rows[-1]
+    evals = [line for line in proc.stderr.splitlines() if " eval: " in line]
+    assert len(evals) == 2 and all("accuracy=" in line for line in evals), proc.stderr  # 0, 2
 
 
 CONFIG = textwrap.dedent("""

@@ -17,7 +17,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -225,6 +225,47 @@ def plot_payoff(matrix: WinMatrix, order: Sequence[str] | None = None) -> Figure
     return fig
 
 
+def plot_eval_curves(rows: Sequence[dict[str, Any]]) -> Figure | None:
+    """The run's evaluations (metrics.jsonl ``eval/win_rate_vs_*`` and ``eval/return_vs_*``,
+    one line per learner and opponent) over training steps; None when there are none."""
+    panels = {"win_rate": "evaluation: win rate", "return": "evaluation: mean return"}
+    series: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for row in rows:
+        for key, value in row.items():
+            kind = next((k for k in panels if key.startswith(f"eval/{k}_vs_")), None)
+            if kind is not None and isinstance(value, (int, float)):
+                label = key.removeprefix(f"eval/{kind}_")
+                series.setdefault(kind, {}).setdefault(label, []).append((row["step"], value))
+    if not series:
+        return None
+    fig = Figure(figsize=(8, 3.2 * len(series)), dpi=100)
+    for i, (kind, lines) in enumerate(sorted(series.items(), reverse=True), 1):
+        ax = fig.add_subplot(len(series), 1, i)
+        for label, pts in sorted(lines.items()):
+            arr = np.array(pts)
+            ax.plot(arr[:, 0], arr[:, 1], marker="o", ms=3, label=label)
+        ax.set(xlabel="training step", title=panels[kind])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def _run_sections(run_dir: Path) -> list[str]:
+    """The run folder's evaluation curves and its resolved config (when it has them)."""
+    from agentrt.run import read_jsonl
+
+    out = []
+    fig = plot_eval_curves(read_jsonl(run_dir / "metrics.jsonl"))
+    if fig is not None:
+        out.append(f"<h2>Evaluation curves</h2><img alt='Evaluation curves' "
+                   f"src='data:image/png;base64,{_png(fig)}'/>")
+    config = run_dir / "config.yaml"
+    if config.is_file():
+        out.append(f"<h2>Resolved config</h2><pre>{html.escape(config.read_text())}</pre>")
+    return out
+
+
 def write_report(source: MatchStore | str | Path, out: str | Path | None = None,
                  title: str = "agentrt tournament", env: str | None = None) -> Path:
     """Writes the self-contained HTML report and returns its path.
@@ -249,7 +290,9 @@ def write_report(source: MatchStore | str | Path, out: str | Path | None = None,
         f"{html.escape(e)}: " + ", ".join(f"seat {k} {v['score']:.3f} over {v['games']}"
                                           for k, v in sorted(by_seat.items()))
         for e, by_seat in seats.items())
-    sections = [f"<p>{len(results)} matches; envs: {html.escape(', '.join(envs)) or '-'}; "
+    run_dir = store.path.parent
+    sections = [f"<p>run folder: {html.escape(str(run_dir.resolve()))}</p>",
+                f"<p>{len(results)} matches; envs: {html.escape(', '.join(envs)) or '-'}; "
                 f"mean score per seat: {seat_text or '-'}</p>",
                 "<h2>Leaderboard</h2>", _leaderboard_html(rows)]
     if rows:
@@ -262,10 +305,11 @@ def write_report(source: MatchStore | str | Path, out: str | Path | None = None,
         for name, fig in figures:
             sections.append(f"<h2>{name}</h2><img alt='{name}' "
                             f"src='data:image/png;base64,{_png(fig)}'/>")
+    sections += _run_sections(run_dir)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
             f"</title><style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
             + "\n".join(sections) + "</body></html>")
-    path = Path(out) if out is not None else store.path.parent / "report.html"
+    path = Path(out) if out is not None else run_dir / "report.html"
     _atomic_write_text(path, page)
     return path
 
