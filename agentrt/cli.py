@@ -182,6 +182,27 @@ def decompose_report(run_dir: Path = typer.Argument(..., help="A decomposer run 
     typer.echo(f"report: {write_report(run_dir)}")
 
 
+@app.command("play")
+def play_command(
+    run_dir: Path = typer.Argument(..., help="A finished tournament run folder."),
+    policy: Optional[str] = typer.Option(None, help="Policy to play (default: the first "
+                                                    "trainable one)."),
+    env: Optional[str] = typer.Option(None, help="Env of the run (default: its first)."),
+    seat: int = typer.Option(0, help="Your seat: 0 moves first."),
+    games: int = typer.Option(1, min=1, help="Games to play."),
+    sample: bool = typer.Option(False, help="Sample the policy's moves (default: greedy)."),
+    imports: Optional[list[str]] = _IMPORT,
+) -> None:
+    """Play a trained policy in the terminal (any turn-based env of the run)."""
+    _setup()
+    from agentrt.play import play
+
+    results = play(run_dir, policy, env, seat, games, sample, imports or ())
+    if games > 1:
+        typer.echo(f"you won {results.count('win')} of {games} games, drew "
+                   f"{results.count('draw')}")
+
+
 def main() -> None:
     try:
         code = app(standalone_mode=False)  # typer returns 130 after Ctrl-C in this mode

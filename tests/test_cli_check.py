@@ -204,6 +204,12 @@ BAD_INPUTS = {
     "check_config_bad_kind": (f"check-config {EX}/ttt_league.yaml --kind league",
                               "--kind 'league' is not a config kind"),
     "unknown_command": ("tournamnet run x.yaml", "No such command 'tournamnet'"),
+    "play_not_a_run": ("play {tmp}", "has no config.yaml; give the folder of a tournament run"),
+    "play_train_run": ("play {tmp}/train_run", "is a train run; agentrt play needs a tournament"),
+    "play_unknown_policy": ("play {tmp}/league_run --policy ghost",
+                            "--policy 'ghost' is not a policy of this run; valid: lm"),
+    "play_unfinished_run": ("play {tmp}/league_run", "has no final model; let the run finish"),
+    "play_bad_games": ("play {tmp}/league_run --games 0", "--games"),
 }
 
 
@@ -215,6 +221,9 @@ def test_bad_input_to_any_command_is_one_line(name: str, tmp_path: Path, monkeyp
     (tmp_path / "broken.yaml").write_text("policy: {optim: [unclosed\n")
     (tmp_path / "corrupt").mkdir()
     (tmp_path / "corrupt" / "matches.sqlite").write_text("not a database")
+    for run, example in (("train_run", "arith_grpo.yaml"), ("league_run", "ttt_league.yaml")):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "config.yaml").write_text((EX / example).read_text())
     monkeypatch.chdir(tmp_path)  # an example's default run_dir would land here
     args = line.format(tmp=tmp_path).split()
     if args[0] in ("train", "tournament", "decompose") and "report" not in args:

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,15 +44,24 @@ def test_scripted_player_task_and_reward_behave(monkeypatch) -> None:
     assert wins >= 190  # 15 stones: the mover at a non-multiple of 4 wins with perfect play
 
 
-def test_league_with_the_plugin_from_yaml_alone(tmp_path: Path) -> None:
-    """The scripted player is a league opponent (module:Class) and the warm-start teacher (its
-    registered name); imports: finds the package beside the YAML."""
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def nim_league(tmp_path_factory: pytest.TempPathFactory
+               ) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """A short league run on the plugin's game: (run folder, the finished command)."""
+    tmp = tmp_path_factory.mktemp("nim")
+    run = tmp / "run"
     proc = agentrt("tournament", "run", str(PLUGIN / "nim_league.yaml"), "--run-dir", str(run),
                    "--set", "policies.0.model.preset=llama-nano", "--set", "train.steps=2",
-                   "--set", "train.games_per_step=8", "--set", "warm_start.steps=1",
-                   "--set", "warm_start.games_per_step=4", "--set", "eval.games=4",
-                   "--set", "eval.every=1", cwd=tmp_path)
+                   "--set", "train.games_per_step=8", "--set", "warm_start.steps=10",
+                   "--set", "warm_start.games_per_step=8", "--set", "warm_start.lr=3e-3",
+                   "--set", "eval.games=4", "--set", "eval.every=1", cwd=tmp)
+    return run, proc
+
+
+def test_league_with_the_plugin_from_yaml_alone(nim_league) -> None:
+    """The scripted player is a league opponent (module:Class) and the warm-start teacher (its
+    registered name); imports: finds the package beside the YAML."""
+    run, proc = nim_league
     assert proc.returncode == 0, proc.stderr
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["imports"] == ["nim_plugin"] and saved["warm_start"]["teacher"] == "optimal-nim"
@@ -72,6 +82,23 @@ def test_league_with_the_plugin_from_yaml_alone(tmp_path: Path) -> None:
     assert f"run folder: {run.resolve()}" in page
     assert "<h2>Evaluation curves</h2><img alt='Evaluation curves' src='data:image/png" in page
     assert "<h2>Resolved config</h2>" in page and "teacher: optimal-nim" in page
+
+
+def test_a_person_plays_the_trained_policy(nim_league, tmp_path: Path) -> None:
+    """agentrt play: the person (a scripted stdin, always taking 1) plays first against the
+    league's policy, in the terminal, until the game ends."""
+    run, league = nim_league
+    assert league.returncode == 0, league.stderr
+    proc = subprocess.run([*AGENTRT, "play", str(run), "--games", "2"], input="1\n" * 40,
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PLUGIN)})
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.count("Nim: 15 stones left.") == 2  # each game starts with the person to move
+    assert "your move (1 2 3): " in out
+    results = [line for line in out.splitlines() if line.startswith("game ")]
+    assert len(results) == 2 and all(" you " in line for line in results), out
+    assert out.rstrip().endswith("of 2 games, drew 0")
 
 
 def test_train_with_the_plugin_task_and_reward(tmp_path: Path) -> None:
