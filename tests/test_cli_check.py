@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agentrt.cli import main
 
@@ -243,3 +244,15 @@ def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(sys, "argv", ["agentrt", "--debug", "check-config", str(tmp_path / "x")])
     with pytest.raises(ConfigError, match="does not exist"):
         main()
+
+
+def test_eval_opponents_default_needs_no_random_baseline(tmp_path: Path, monkeypatch,
+                                                         capsys) -> None:
+    """Without eval.opponents: random when a baseline has that id, else every baseline."""
+    path = tmp_path / "c.yaml"
+    for baselines, expected in (("[]", []), ("[{id: mm, kind: minimax}]", ["mm"]),
+                                ("[{id: mm, kind: minimax}, {id: random}]", ["random"])):
+        path.write_text(TTT + f"baselines: {baselines}\n")
+        code, out, err = run_cli(monkeypatch, capsys, "check-config", str(path))
+        assert code == 0, err
+        assert yaml.safe_load(out)["eval"]["opponents"] == expected

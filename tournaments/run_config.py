@@ -156,7 +156,9 @@ class LeagueLoopConfig(Section):
 class LeagueEvalConfig(Section):
     every: int = Field(10, gt=0, description="Evaluate learners every N steps (and at 0, end).")
     games: int = Field(200, gt=0, description="Games per opponent, half in each seat.")
-    opponents: tuple[str, ...] = Field(("random",), description="Baseline ids to evaluate vs.")
+    opponents: tuple[str, ...] = Field(
+        ("random",), description="Baseline ids to evaluate vs. (default: random when a baseline "
+                                 "has that id, else every baseline).")
     greedy: bool = Field(False, description="Greedy decoding in evaluation games.")
 
 
@@ -182,6 +184,18 @@ class TournamentRunConfig(Section):
     runtime: RuntimeConfig = Field(
         default_factory=RuntimeConfig, description="In-process pools or Ray actors (each "
         "policy's resources: section sizes its pool).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_eval_opponents(cls, data: Any) -> Any:
+        """Without eval.opponents, a run with no baseline named random evaluates against every
+        baseline (rather than asking for a random baseline it would not otherwise use)."""
+        if not isinstance(data, dict) or not isinstance(data.get("eval", {}), dict):
+            return data
+        ids = [b.get("id") for b in data.get("baselines") or [] if isinstance(b, dict)]
+        if "opponents" in data.get("eval", {}) or "random" in ids:
+            return data
+        return {**data, "eval": {**data.get("eval", {}), "opponents": ids}}
 
     @model_validator(mode="before")
     @classmethod
