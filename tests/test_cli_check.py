@@ -86,6 +86,8 @@ BAD = {
         "warm_start.teacher: 'connect4' cannot play KuhnPoker-v0"),
     "eval_opponent": (TTT + "eval: {opponents: [ghost]}", "eval.opponents ['ghost']"),
     "format": (TTT + "schedule: {format: elo}", "schedule.format"),
+    "env_twice": (f"envs: [{{id: TicTacToe-v0}}, {{id: TicTacToe-v0, kwargs: {{}}}}]\n"
+                  f"policies: [{NANO}]", "envs: 'TicTacToe-v0' appears more than once"),
     "duplicate_ids": (TTT + "baselines: [{id: lm, kind: random}]", "repeated: ['lm']"),
     "roles": (TTT.replace("llama-nano}", "llama-nano}, roles: [dealer]"), "policies.0.roles"),
     "no_policies": ("envs: [{id: TicTacToe-v0}]", "policies: Field required"),

@@ -286,6 +286,12 @@ class TournamentRunConfig(Section):
 
     @model_validator(mode="after")
     def _ids(self) -> TournamentRunConfig:
+        envs = [e.id for e in self.envs]
+        twice = sorted({e for e in envs if envs.count(e) > 1})
+        if twice:  # matches, seats and templates are keyed by env id
+            raise ValueError(f"envs: {twice[0]!r} appears more than once (e.g. two OpenSpiel "
+                             "games); one tournament holds each env id once, so run the games "
+                             "as separate tournaments")
         ids = [p.id for p in self.policies] + [b.id for b in self.baselines]
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
