@@ -119,10 +119,15 @@ def tournament_eval(
     cfg = _load(config, set_, imports, expect="tournament")
     from agentrt.tournaments.trainer import LeagueTrainer
 
+    from agentrt.tournaments.records import MatchStore
+    from agentrt.tournaments.report import format_seat_results
+
     frozen = tuple(p.model_copy(update={"trainable": False}) for p in cfg.policies)
     trainer = LeagueTrainer(cfg.model_copy(update={"policies": frozen}))
     trainer.run()
     typer.echo(trainer.leaderboard_text)
+    with MatchStore(trainer.run_dir.path) as store:  # each policy by opponent and seat
+        typer.echo(format_seat_results(store, [p.id for p in cfg.policies]))
     typer.echo(f"report: {trainer.report_path}")
 
 

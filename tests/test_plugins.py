@@ -101,6 +101,26 @@ def test_a_person_plays_the_trained_policy(nim_league, tmp_path: Path) -> None:
     assert out.rstrip().endswith("of 2 games, drew 0")
 
 
+def test_tournament_eval_rates_the_trained_policy_by_opponent_and_seat(nim_league,
+                                                                      tmp_path: Path) -> None:
+    """A rating-only tournament of the league's final model and the perfect player: no random
+    baseline or eval section needed; results per opponent and seat are printed."""
+    run, league = nim_league
+    assert league.returncode == 0, league.stderr
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml.safe_dump({
+        "imports": ["nim_plugin"], "run_dir": str(tmp_path / "eval"), "envs": [{"id": "Nim-v0"}],
+        "policies": [{"id": "lm", "model": {"path": str(run / "final_models" / "lm")}}],
+        "baselines": [{"id": "perfect", "kind": "optimal-nim"}],
+        "schedule": {"format": "round_robin", "rounds": 2, "games_per_pairing": 4}}))
+    proc = subprocess.run([*AGENTRT, "tournament", "eval", str(config)], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=600,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PLUGIN)})
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("lm vs perfect: "))
+    assert "over 8 games (seat 0: " in line and ", seat 1: " in line, proc.stdout
+
+
 def test_train_with_the_plugin_task_and_reward(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = agentrt("train", str(PLUGIN / "nim_train.yaml"), "--run-dir", str(run),

@@ -213,6 +213,16 @@ class MatchStore:
                         "score": (wins + 0.5 * draws) / games, "invalid_per_game": invalid / games}
         return out
 
+    def seat_scores(self, player_key: str) -> dict[tuple[str, int], tuple[int, float]]:
+        """Per (opponent key, this player's seat index): games and this player's score rate
+        (draws half), pairwise as in :meth:`opponent_stats`."""
+        sql = ("SELECT o.player_key, me.seat, COUNT(*), AVG((me.score > o.score) + "
+               "0.5 * (me.score = o.score)) FROM seats me JOIN seats o ON o.match_id = "
+               "me.match_id AND o.seat != me.seat WHERE me.player_key = ? AND o.player_key != "
+               "me.player_key GROUP BY o.player_key, me.seat")
+        return {(opp, int(seat)): (games, score)
+                for opp, seat, games, score in self._conn.execute(sql, [player_key])}
+
     def seat_stats(self, env: str | None = None) -> dict[int, dict[str, float]]:
         """Per seat index: games and mean score (first-mover advantage at a glance). Seat
         ``i`` is agent ``i`` of each env; pass ``env`` when envs differ in their seats."""

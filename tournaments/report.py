@@ -110,6 +110,22 @@ def format_leaderboard(rows: Sequence[LeaderRow], top: int | None = None) -> str
     return "\n".join(lines)
 
 
+def format_seat_results(store: MatchStore, keys: Sequence[str]) -> str:
+    """Lines 'lm vs minimax: score 0.250 over 80 games (seat 0: 0.400 over 40, seat 1: ...)'
+    for each player key, every opponent it met (draws count half)."""
+    lines = []
+    for key in keys:
+        by_opp: dict[str, dict[int, tuple[int, float]]] = {}
+        for (opp, seat), value in sorted(store.seat_scores(key).items()):
+            by_opp.setdefault(opp, {})[seat] = value
+        for opp, seats in by_opp.items():
+            games = sum(n for n, _ in seats.values())
+            score = sum(n * x for n, x in seats.values()) / games
+            per_seat = ", ".join(f"seat {i}: {x:.3f} over {n}" for i, (n, x) in seats.items())
+            lines.append(f"{key} vs {opp}: score {score:.3f} over {games} games ({per_seat})")
+    return "\n".join(lines)
+
+
 def rating_history(results: Sequence[tuple[MatchResult, int]]
                    ) -> dict[str, list[tuple[int, float, float]]]:
     """OpenSkill (step, mu, sigma) of every player after each step, replaying in record order."""
