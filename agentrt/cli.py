@@ -75,8 +75,11 @@ def check_config(
     kind: Optional[str] = typer.Option(
         None, help="train, tournament or decompose (default: told by the config's sections)."),
 ) -> None:
-    """Validate a config of any kind, resolve what it names (envs, rewards, baselines against
-    the envs they play, model and data paths) and print it resolved, without running anything."""
+    """Validate a config of any kind and print it resolved, without running anything.
+
+    It resolves what the config names: envs, rewards, baselines against the envs they play,
+    model and data paths, plugin modules (imports:).
+    """
     from agentrt.checks import load_checked
     from agentrt.config import dump_config
 
