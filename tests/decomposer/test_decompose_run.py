@@ -56,7 +56,7 @@ def lm(pid: str, model_dir: Path, skills: list[str], max_new_tokens: int) -> dic
 def tool_config(run_dir: Path, model_dir: Path, steps: int = 4, **over: Any) -> dict[str, Any]:
     """Rule planner; ``reader`` (LM) and ``calc`` share parse, ``calc`` does the arithmetic,
     ``odd_format`` formats (and raises on odd numbers). Epsilon routing keeps sending some
-    parse steps to ``reader`` after the ratings have separated, so it trains every step."""
+    parse steps to ``reader`` after the ratings have separated, so it trains all through the run."""
     cfg = {
         "seed": 0, "run_dir": str(run_dir), "progress": False, "threads": 1,
         "family": {"name": "wordchain", "train_size": 200, "eval_size": 10, "seed": 5},
@@ -172,12 +172,16 @@ def test_specialist_that_raises_is_an_outcome_and_the_run_trains_on(tool_run: Pa
         mine = [c for c in chains if c["step"] == r["step"]]
         assert outcomes == {f"decompose/outcome/{k}": n / CHAINS
                             for k, n in Counter(c["outcome"] for c in mine).items()}
-        # reader did (and failed) some parse steps every step: it was updated every step
-        assert any(s["policy"] == "reader" for c in mine for s in c["steps"])
-        assert {"actor/loss", "actor/grad_norm"} <= set(r)
+        # reader (the only LM) is updated exactly in the steps where it played a parse step
+        played = any(s["policy"] == "reader" for c in mine for s in c["steps"])
+        assert played == ({"actor/loss", "actor/grad_norm"} <= set(r)), (r["step"], played)
+    # Epsilon routing keeps sending parse steps to reader after calc's rating has pulled ahead
+    # (a step without one is a 0.75**8 draw): it did, and failed, parse steps all through the run
+    reader_steps = {c["step"] for c in chains for s in c["steps"] if s["policy"] == "reader"}
+    assert len(reader_steps) >= 3 and max(reader_steps) >= 3, reader_steps
     # A step whose reader attempts all got the same outcome share has no GRPO signal (zero
     # advantages); the others do.
-    assert any(r["actor/grad_norm"] > 0 for r in rows[1:])
+    assert any(r.get("actor/grad_norm", 0) > 0 for r in rows[1:])
     assert "eval/success" in rows[-1] and "eval/outcome/subtask_failed" in rows[-1]
     ckpts = {int(p.name.split("_")[1]): p for p in RunDir(tool_run).checkpoints()}
     start, end = model_of(ckpts[0], "reader"), model_of(ckpts[4], "reader")
