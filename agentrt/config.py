@@ -1,13 +1,14 @@
 """Run configuration: frozen pydantic models loaded from YAML and validated before any work.
 
 Every field has a one-line description (shown by ``agentrt config-help``). Unknown keys are
-rejected. A bad value produces one :class:`ConfigError` line naming the field and what is allowed.
+rejected, and so is a NaN or infinite number anywhere (``allow_inf_nan=False``). A bad value
+produces one :class:`ConfigError` line naming the field and what is allowed.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -17,7 +18,7 @@ from agentrt.memory.augment import MemoryConfig
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelConfig(Section):
@@ -99,10 +100,13 @@ class RolloutConfig(Section):
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 
+Beta = Annotated[float, Field(ge=0.0, lt=1.0)]  # an AdamW moment decay
+
+
 class OptimConfig(Section):
-    lr: float = Field(1e-4, gt=0.0, description="Peak learning rate of AdamW.")
+    lr: float = Field(1e-4, gt=0.0, le=1.0, description="Peak learning rate of AdamW.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    betas: tuple[Beta, Beta] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1).")
     eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
     schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="LR schedule after warm-up."
@@ -168,7 +172,7 @@ class AlgorithmConfig(Section):
     critic: bool = Field(False, description="Train a value model (set by the ppo preset).")
     vf_coef: float = Field(1.0, gt=0.0, description="Scale of the value loss.")
     value_clip: float | None = Field(0.2, gt=0.0, description="Value clipping range.")
-    critic_lr: float = Field(1e-4, gt=0.0, description="Critic learning rate.")
+    critic_lr: float = Field(1e-4, gt=0.0, le=1.0, description="Critic learning rate.")
     # --- preference post-training (dpo, ipo, kto, listwise); see docs/preference.md
     preference_loss: str | None = Field(
         None, description="Loss from algos.PREFERENCE_LOSSES (set by the dpo/ipo/kto/listwise "
@@ -285,7 +289,8 @@ class TaskConfig(Section):
 class SFTConfig(Section):
     steps: int = Field(0, ge=0, description="Warm-start SFT steps on task demonstrations; 0 skips.")
     batch_size: int = Field(64, gt=0, description="Demonstrations per SFT step.")
-    lr: float = Field(1e-3, gt=0.0, description="SFT learning rate (constant after warm-up).")
+    lr: float = Field(
+        1e-3, gt=0.0, le=1.0, description="SFT learning rate (constant after warm-up).")
     warmup_steps: int = Field(10, ge=0, description="SFT linear warm-up steps.")
 
 
@@ -303,6 +308,17 @@ class EvalConfig(Section):
 class CheckpointConfig(Section):
     every: int = Field(50, gt=0, description="Save every N RL steps (and at the end).")
     keep: int = Field(2, gt=0, description="How many recent checkpoints to keep.")
+
+
+class GuardsConfig(Section):
+    """When a run stops (one line, exit code 2) instead of going nowhere (agentrt.guards)."""
+
+    max_reward_error_rate: float = Field(
+        0.5, ge=0.0, le=1.0, description="Stop when more than this share of a step's samples "
+        "has a failed reward (raised, NaN/inf, beyond ±1e9); 1 never stops.")
+    max_skipped_steps: int | None = Field(
+        3, gt=0, description="Stop after this many steps in a row whose every update was "
+        "skipped for a non-finite loss or gradient; None never stops.")
 
 
 class DataConfig(Section):
@@ -358,6 +374,7 @@ class TrainConfig(Section):
     progress: bool = Field(True, description="Show a progress bar on the terminal.")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     data: DataConfig = Field(default_factory=DataConfig)
+    guards: GuardsConfig = Field(default_factory=GuardsConfig)
 
     @model_validator(mode="after")
     def _no_memory(self) -> TrainConfig:

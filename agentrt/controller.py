@@ -29,8 +29,9 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from agentrt.config import PolicyConfig, RuntimeConfig, SamplingConfig
+from agentrt.config import GuardsConfig, PolicyConfig, RuntimeConfig, SamplingConfig
 from agentrt.engine import Completion
+from agentrt.guards import RunGuard
 from agentrt.objectives import learn
 from agentrt.plot import plot_metrics
 from agentrt.pool import BasePool, LocalPool
@@ -124,12 +125,15 @@ class Controller:
         seed: Seeds the pools (each policy's initialisation) and the workload.
         total_steps: Steps the LR schedules span.
         preference_pairs: Pairs of a ranked list a preference loss uses ("all", "best_worst").
+        guards: When the run stops instead of going nowhere (:mod:`agentrt.guards`).
     """
 
     def __init__(self, policies: list[PolicyConfig], runtime: RuntimeConfig, run_dir: RunDir,
-                 seed: int = 0, total_steps: int = 1000, preference_pairs: str = "all") -> None:
+                 seed: int = 0, total_steps: int = 1000, preference_pairs: str = "all",
+                 guards: GuardsConfig | None = None) -> None:
         self.run_dir = run_dir
         self.preference_pairs = preference_pairs
+        self.guard = RunGuard(guards or GuardsConfig())
         self.cfgs = {p.id: p for p in policies}
         self.pools: list[BasePool] = []
         try:
@@ -242,10 +246,12 @@ class Controller:
             specs = work.next_episodes(step)
             played = self.play(work, specs) if specs else RunResult([], [], {})
         metrics = work.record(played, step)
+        self.guard.check_rewards(step, metrics)  # before the failed samples are trained on
         with self.timer("train"):
-            for pid, m in self.learn(work.training_data(played, step)).items():
-                metrics |= m if len(self.learners()) == 1 else {
-                    f"{k}@{pid}": v for k, v in m.items()}
+            learned = self.learn(work.training_data(played, step))
+        for pid, m in learned.items():
+            metrics |= m if len(self.learners()) == 1 else {f"{k}@{pid}": v for k, v in m.items()}
+        self.guard.check_updates(step, learned)
         self.step = step
         metrics |= work.after_step(self, step)
         if step % work.eval_every == 0 or step == work.steps:
@@ -277,7 +283,10 @@ class Controller:
                 "workload": work.state_dict(), "rng": rng_state()}
 
     def save(self, work: Workload) -> None:
-        self.run_dir.save_checkpoint(self.step, self.state_dict(work), work.checkpoint_keep)
+        state = self.state_dict(work)
+        self.guard.check_state(self.step, state)  # never a checkpoint with NaN weights
+        self.run_dir.save_checkpoint(self.step, state, work.checkpoint_keep)
+        self.guard.saved(self.step)
 
     def _resume(self, work: Workload) -> bool:
         ckpt = self.run_dir.latest_checkpoint()
@@ -290,6 +299,7 @@ class Controller:
             pool.load_state_dict(state["pools"][pool.cfg.id])  # also syncs the rollout engines
         work.load_state_dict(state["workload"])
         self.run_dir.truncate_metrics(self.step)
+        self.guard.saved(self.step)
         log.warning("resumed from %s (step %d)", ckpt, self.step)
         return True
 

@@ -10,8 +10,10 @@ Register one by name::
 
 or reference any importable function from YAML as ``reward: my_package.rewards:my_reward``.
 ``prompt`` and ``response`` are the decoded texts, ``info`` the example's info (e.g. its answer).
-A reward that raises or returns a non-finite value marks that sample as failed: it gets
-reward 0, is counted in ``reward/errors``, and the run goes on.
+A reward that raises, returns NaN/inf or a value beyond ``±REWARD_LIMIT`` (1e9: larger values
+overflow float32 statistics such as the group std) marks that sample as failed: it gets reward 0
+and is counted in ``reward/errors`` and ``reward/error_rate``. The run goes on unless more than
+``guards.max_reward_error_rate`` of a step's samples failed (:mod:`agentrt.guards`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from agentrt.registry import Registry, import_callable
 
 RewardFn = Callable[[str, str, dict[str, Any]], float]
 REWARDS: Registry[RewardFn] = Registry("reward")
+REWARD_LIMIT = 1e9
 log = logging.getLogger(__name__)
 
 
@@ -57,8 +60,8 @@ def score(fn: RewardFn, samples: list[tuple[str, str, dict[str, Any]]]) -> tuple
     for prompt, response, info in samples:
         try:
             value = float(fn(prompt, response, info))
-            if not math.isfinite(value):
-                raise ValueError(f"reward is not finite: {value}")
+            if not math.isfinite(value) or abs(value) > REWARD_LIMIT:
+                raise ValueError(f"reward {value} is not a finite number within ±{REWARD_LIMIT:g}")
         except Exception as exc:  # noqa: BLE001 - user code may raise anything
             errors += 1
             if errors == 1:

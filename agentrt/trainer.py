@@ -248,7 +248,8 @@ def rollout_metrics(played: RunResult) -> dict[str, float]:
     seconds = played.metrics.get("timing_s/rollout", 0.0)
     return {"reward/mean": float(rewards.mean()),
             "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0,
-            "reward/errors": errors, "rollout/response_length": float(lengths.mean()),
+            "reward/errors": errors, "reward/error_rate": errors / len(trajs),
+            "rollout/response_length": float(lengths.mean()),
             "rollout/finished_rate": sum(t.turns[0].finished for t in trajs) / len(trajs),
             "perf/tokens_per_s": float(lengths.sum()) / max(seconds, 1e-9)}
 
@@ -264,7 +265,7 @@ class Trainer:
         self.workload = PromptWorkload(cfg)
         self.controller = Controller([cfg.policy], cfg.runtime, self.run_dir, seed=cfg.seed,
                                      total_steps=cfg.train.steps,
-                                     preference_pairs=cfg.data.pairs)
+                                     preference_pairs=cfg.data.pairs, guards=cfg.guards)
 
     @property
     def pool(self) -> Any:

@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from agentrt.config import (CheckpointConfig, PolicyConfig, RuntimeConfig, Section, SFTConfig)
+from agentrt.config import (CheckpointConfig, GuardsConfig, PolicyConfig, RuntimeConfig, Section,
+                            SFTConfig)
 from agentrt.decomposer.router import RouterConfig
 from agentrt.decomposer.sdk import WHOLE, make_family
 
@@ -102,6 +103,7 @@ class DecomposeConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     progress: bool = Field(True, description="Show a progress bar (a line per step if no TTY).")
+    guards: GuardsConfig = Field(default_factory=GuardsConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> DecomposeConfig:

@@ -70,7 +70,7 @@ class RoutingError(AgentrtError):
 class RouterConfig(BaseModel):
     """Router settings (frozen; unknown keys rejected)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     exploration: Literal["ucb", "epsilon", "none"] = Field(
         "ucb", description="How traffic is spread before the ratings separate (see the module).")

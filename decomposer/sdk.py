@@ -140,7 +140,7 @@ WHOLE = "solve"  # the subtask type of a whole task done in one step (what a gen
 class FamilyOptions(BaseModel):
     """Options of a family without any."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TaskFamily:

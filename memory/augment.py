@@ -21,7 +21,7 @@ CONTEXT_HEADER = "Memories:\n"
 class MemoryConfig(BaseModel):
     """Memory settings of one policy (the ``memory:`` section of a policy config)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     bank: str = Field(..., min_length=1, description="Name of the bank (under memory.banks).")
     backend: Literal["faiss", "redis"] = Field("faiss", description="Backend of that bank.")

@@ -43,7 +43,7 @@ class MemoryBanksConfig(BaseModel):
     A bank no policy declares here is a default FAISS bank in ``<run_dir>/memory/<name>``.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     banks: dict[str, BankConfig] = Field(
         default_factory=dict, description="Bank name -> bank config (docs/memory.md).")

@@ -21,7 +21,7 @@ from agentrt.tournaments.types import Entrant
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SnapshotConfig(_Section):

@@ -25,7 +25,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from agentrt.config import CheckpointConfig, PolicyConfig, RuntimeConfig, Section
+from agentrt.config import (CheckpointConfig, GuardsConfig, PolicyConfig, RuntimeConfig,
+                            Section)
 from agentrt.errors import ConfigError
 from agentrt.registry import import_callable
 from agentrt.memory.policy import MemoryBanksConfig, check_policy_memory
@@ -143,7 +144,7 @@ class WarmStartConfig(Section):
     teacher: str = Field("random", description="Scripted policy whose moves teach the action "
                                                 "format; a kind as in baselines.")
     games_per_step: int = Field(32, gt=0, description="Teacher self-play games per step.")
-    lr: float = Field(1e-3, gt=0.0, description="Learning rate of the warm start.")
+    lr: float = Field(1e-3, gt=0.0, le=1.0, description="Learning rate of the warm start.")
 
     _teacher = field_validator("teacher")(_scripted_kind)
 
@@ -184,6 +185,7 @@ class TournamentRunConfig(Section):
     runtime: RuntimeConfig = Field(
         default_factory=RuntimeConfig, description="In-process pools or Ray actors (each "
         "policy's resources: section sizes its pool).")
+    guards: GuardsConfig = Field(default_factory=GuardsConfig)
 
     @model_validator(mode="before")
     @classmethod

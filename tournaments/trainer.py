@@ -329,7 +329,8 @@ class LeagueTrainer:
         seed_everything(cfg.seed)
         self.workload = LeagueWorkload(cfg)
         self.controller = Controller(list(cfg.policies), cfg.runtime, self.run_dir,
-                                     seed=cfg.seed, total_steps=cfg.train.steps)
+                                     seed=cfg.seed, total_steps=cfg.train.steps,
+                                     guards=cfg.guards)
 
     def run(self, stop_after: int | None = None) -> dict[str, float]:
         try:

@@ -39,7 +39,7 @@ from agentrt.types import Trajectory, Turn
 class RunnerConfig(BaseModel):
     """Episode runner settings (frozen; unknown keys rejected)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     concurrency: int = Field(256, gt=0, description="Episodes played at once.")
     random_seats: bool = Field(True, description="Shuffle players over seats per episode.")
