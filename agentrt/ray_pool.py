@@ -8,6 +8,8 @@ The driver-side logic (the pool API, collation, advantages once per batch) is
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,18 +27,42 @@ class WorkerLost(AgentrtError):
     """A worker process died during a call (killed, OOM, node lost)."""
 
 
+# Ray's own switch for a one-machine Ray (its default on macOS and Windows): the node address is
+# 127.0.0.1, so the GCS, raylet, workers and agents listen on loopback only. Read when Ray is
+# imported and inherited by the processes it starts.
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
 def ensure_ray(runtime: RuntimeConfig | None = None) -> bool:
-    """Starts Ray here (or joins ``runtime.address``) unless it runs; True when this call did."""
+    """Starts Ray here (or joins ``runtime.address``) unless it runs; True when this call did.
+
+    A Ray started here listens on 127.0.0.1 only (no dashboard); reach it from other machines by
+    starting a cluster yourself (``ray start --head``) and giving ``runtime.address``."""
+    runtime = runtime or RuntimeConfig()
+    if runtime.address is None and "ray" not in sys.modules:  # else: too late, and its children
+        os.environ.setdefault(LOOPBACK_ENV, "0")  # would disagree with it about the address
     import ray
 
     if ray.is_initialized():
         return False
-    runtime = runtime or RuntimeConfig()
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     if runtime.address is None:
         kwargs["num_cpus"] = runtime.num_cpus
     ray.init(address=runtime.address, **kwargs)
+    if runtime.address is None and not is_loopback(ray.util.get_node_ip_address()):
+        log.warning("Ray started on %s, not 127.0.0.1, so it listens on every interface: ray "
+                    "was imported before agentrt started it; export %s=0 to keep it local",
+                    ray.util.get_node_ip_address(), LOOPBACK_ENV)
     return True
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback (``::ffff:127.0.0.1``)."""
+    import ipaddress
+
+    ip = ipaddress.ip_address(host)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
 
 
 class PolicyPool(BasePool):

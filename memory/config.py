@@ -5,20 +5,29 @@ Example YAML::
     memory:
       banks:
         notes: {backend: faiss, embedder: hashing, index: {kind: auto}}
-        league: {backend: redis, redis: {url: "redis://:secret@10.0.0.5:6379/0"}}
+        league: {backend: redis, redis: {url: "redis://10.0.0.5:6379/0", password_env: REDIS_PW}}
+
+Secrets never reach a file: a saved config (``model_dump(mode="json")``: the run folder's
+``config.yaml``, reports) shows the URL's password as ``***`` and ``password`` as ``**********``,
+while the config in memory keeps both. ``password_env`` names an environment variable instead, so
+a saved config still connects when it is read back.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_serializer,
+                      model_validator)
 
 from agentrt.memory.errors import MemoryBankError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class IndexConfig(_Section):
@@ -44,6 +53,9 @@ class RedisConfig(_Section):
     url: str = Field(..., description="redis:// or rediss:// (TLS) URL, e.g. redis://host:6379/0.")
     username: str | None = Field(None, description="ACL user name (overrides the URL's).")
     password: SecretStr | None = Field(None, description="Password (overrides the URL's).")
+    password_env: str | None = Field(
+        None, min_length=1, description="Environment variable holding the password (overrides "
+        "password and the URL's); the way to keep it out of config files.")
     tls: bool = Field(False, description="Use TLS even when the URL says redis://.")
     tls_ca_certs: str | None = Field(None, description="CA bundle that signs the server cert.")
     tls_certfile: str | None = Field(None, description="Client certificate for mutual TLS.")
@@ -68,6 +80,32 @@ class RedisConfig(_Section):
         if not self.url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("url must start with redis://, rediss:// or unix://")
         return self
+
+    @field_serializer("url", when_used="json")
+    def _redacted_url(self, url: str) -> str:
+        return redact(url)
+
+    def secret(self) -> str | None:
+        """The password to send: ``password_env``'s variable, else ``password``, else None (the
+        URL's own, if any). Raises MemoryBankError when the variable is not set."""
+        if self.password_env is not None:
+            if self.password_env not in os.environ:
+                raise MemoryBankError(
+                    f"memory.redis.password_env names {self.password_env!r}, which is not set in "
+                    "the environment; export it with the Redis password")
+            return os.environ[self.password_env]
+        return self.password.get_secret_value() if self.password is not None else None
+
+
+def redact(url: str) -> str:
+    """The URL with its password (``:pw@`` or ``?password=pw``) replaced by ***, for files,
+    messages and logs."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+    query = re.sub(r"(^|&)password=[^&]*", r"\1password=***", parts.query)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 class BankConfig(_Section):

@@ -26,7 +26,6 @@ import logging
 import threading
 import time
 from collections import deque
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import redis
@@ -34,7 +33,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from agentrt.memory.bank import MemoryBank
-from agentrt.memory.config import BankConfig, RedisConfig
+from agentrt.memory.config import BankConfig, RedisConfig, redact
 from agentrt.memory.embedders import Embedder
 from agentrt.memory.errors import BackendUnavailableError, DimensionError, MemoryBankError
 from agentrt.memory.records import Record
@@ -86,15 +85,6 @@ def _id(text: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def redact(url: str) -> str:
-    """The URL with its password replaced by ***, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def connect(cfg: RedisConfig) -> redis.Redis:
     """A client for ``cfg`` that has answered PING.
 
@@ -110,8 +100,9 @@ def connect(cfg: RedisConfig) -> redis.Redis:
                         retry=Retry(NoBackoff(), 0))
     if cfg.username is not None:
         kwargs["username"] = cfg.username
-    if cfg.password is not None:
-        kwargs["password"] = cfg.password.get_secret_value()
+    password = cfg.secret()
+    if password is not None:
+        kwargs["password"] = password
     if url.startswith("rediss://"):
         kwargs.update(ssl_ca_certs=cfg.tls_ca_certs, ssl_certfile=cfg.tls_certfile,
                       ssl_keyfile=cfg.tls_keyfile,
