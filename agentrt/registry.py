@@ -45,6 +45,10 @@ class Registry(Generic[T]):
         self.add(name, _Lazy(spec))  # type: ignore[arg-type]
 
     def get(self, name: str) -> T:
+        """The entry ``name``; a ``'package.module:attr'`` name not registered is imported
+        (and kept under that name), so user code needs no registration."""
+        if name not in self._items and ":" in name:
+            self._items[name] = _Lazy(name)  # type: ignore[assignment]
         try:
             obj = self._items[name]
         except KeyError:
@@ -52,7 +56,12 @@ class Registry(Generic[T]):
                 f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._items))}"
             ) from None
         if isinstance(obj, _Lazy):
-            obj = self._items[name] = import_callable(obj.spec, f"{self.kind} {name!r}")
+            try:
+                obj = self._items[name] = import_callable(obj.spec, f"{self.kind} {name!r}")
+            except ConfigError:
+                if ":" in name and name == obj.spec:  # a user's path: forget it, say why
+                    del self._items[name]
+                raise
         return obj
 
     def names(self) -> list[str]:

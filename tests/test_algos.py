@@ -219,3 +219,17 @@ def test_registry_rejects_duplicates_and_lists_valid_names():
     with pytest.raises(KeyError, match="valid: a"):
         reg.get("b")
     assert {"gae", "grpo", "rloo", "reinforce++"} <= set(ADVANTAGES.names())
+
+
+def test_registry_imports_an_unregistered_module_path():
+    """'package.module:attr' needs no registration; a path to nothing is a ConfigError and is
+    not kept (a later fix of the module is found)."""
+    from agentrt.errors import ConfigError
+
+    reg: Registry[object] = Registry("thing")
+    assert reg.get("math:sqrt") is math.sqrt and "math:sqrt" in reg
+    with pytest.raises(ConfigError, match="thing 'math:nothing': 'math' has no function"):
+        reg.get("math:nothing")
+    assert "math:nothing" not in reg
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_mod'"):
+        reg.get("no_such_mod:f")

@@ -178,3 +178,25 @@ def test_env_and_player_by_module_and_class(tmp_path: Path) -> None:
     proc = agentrt("check-config", str(config), cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "advantage: rae" in proc.stdout
+
+
+def test_match_format_from_the_plugin(tmp_path: Path) -> None:
+    """schedule.format names the plugin's gauntlet by its path (no registration needed): the
+    learner meets the two baselines in turn; a path to nothing is one line at check time."""
+    run = tmp_path / "run"
+    proc = agentrt("tournament", "run", str(PLUGIN / "nim_league.yaml"), "--run-dir", str(run),
+                   "--set", "policies.0.model.preset=llama-nano", "--set", "train.steps=2",
+                   "--set", "train.games_per_step=8", "--set", "warm_start.steps=0",
+                   "--set", "eval.games=4", "--set", "schedule.format=nim_plugin.schedule:gauntlet",
+                   cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PLUGIN)})
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(run / "matches.sqlite") as db:
+        rivals = [p for (p,) in db.execute(
+            "SELECT policy_id FROM seats WHERE policy_id != 'lm' ORDER BY match_id")]
+    assert rivals == ["random", "perfect"] * 8  # 2 steps x 8 games, one opponent after the other
+    bad = agentrt("check-config", str(PLUGIN / "nim_league.yaml"),
+                  "--set", "schedule.format=nim_plugin.schedule:nothing", cwd=tmp_path,
+                  env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PLUGIN)})
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert bad.stderr.startswith("error: ") and "schedule.format" in bad.stderr
+    assert "'nim_plugin.schedule' has no function 'nothing'" in bad.stderr

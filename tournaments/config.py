@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentrt.config import format_validation_error
 from agentrt.errors import ConfigError
@@ -50,9 +50,10 @@ class LeagueConfig(_Section):
 
 
 class ScheduleConfig(_Section):
-    format: Literal["round_robin", "swiss", "mirror", "lagged", "fsp", "pfsp", "league"] = Field(
-        "pfsp", description="Match format (see docs/tournaments.md)."
-    )
+    format: str = Field(
+        "pfsp", description="Match format: round_robin, swiss, mirror, lagged, fsp, pfsp, league "
+        "(see docs/tournaments.md), a format a plugin registered in SCHEDULERS, or "
+        "'package.module:builder' (builder(cfg, entrants, envs, seed, seats) -> Scheduler).")
     rounds: int | None = Field(
         None, gt=0, description="round_robin/swiss: rounds (null: endless / ceil(log2 N))."
     )
@@ -69,6 +70,17 @@ class ScheduleConfig(_Section):
     )
     snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
     league: LeagueConfig = Field(default_factory=LeagueConfig)
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        try:
+            SCHEDULERS.get(value)  # imports a 'module:builder' once, here, before any work
+        except KeyError as exc:
+            raise ValueError(str(exc.args[0])) from None
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
 
 Seats = Mapping[str, Sequence[str]] | None  # env id -> agent names in seat order
