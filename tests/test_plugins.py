@@ -200,3 +200,20 @@ def test_match_format_from_the_plugin(tmp_path: Path) -> None:
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
     assert bad.stderr.startswith("error: ") and "schedule.format" in bad.stderr
     assert "'nim_plugin.schedule' has no function 'nothing'" in bad.stderr
+
+
+def test_plugin_league_on_ray(tmp_path: Path) -> None:
+    """The same plugin league with its policy in a Ray actor pool: the driver imports the
+    plugin (envs, players, rewards run there), the workers only hold the model."""
+    run = tmp_path / "run"
+    proc = agentrt("tournament", "run", str(PLUGIN / "nim_league.yaml"), "--run-dir", str(run),
+                   "--set", "policies.0.model.preset=llama-nano", "--set", "train.steps=2",
+                   "--set", "train.games_per_step=8", "--set", "warm_start.steps=2",
+                   "--set", "eval.games=4", "--set", "runtime.backend=ray", cwd=tmp_path,
+                   env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PLUGIN)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with sqlite3.connect(run / "matches.sqlite") as db:
+        played = db.execute("SELECT COUNT(*), MIN(env), MAX(env) FROM matches").fetchone()
+    assert played == (16, "Nim-v0", "Nim-v0")
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 2 and "actor/loss" in rows[-1]
