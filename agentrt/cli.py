@@ -22,6 +22,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 _DEBUG = {"on": False}
 _IMPORT = typer.Option(None, "--import", help="Plugin module to import before the config is "
                        "checked (repeatable; see agentrt.plugins).")
+_NEW_RUN = typer.Option(False, "--new-run", help="Start over in the run folder: delete what the "
+                        "run it holds wrote (checkpoints, metrics, records, reports, models).")
+_RESUME = typer.Option("auto", "--resume", help="auto: resume the folder's run only if it is "
+                       "this config's; force: resume it with this config even so.")
 
 
 @app.callback()
@@ -38,6 +42,15 @@ def _load(config: Path, set_: Optional[list[str]], imports: Optional[list[str]],
     return load_checked(config, overrides, expect=expect, imports=imports or ())[1]
 
 
+def _start(new_run: bool, resume: str) -> str:
+    """The ``start`` of a run (agentrt.run.RunDir.open) from ``--new-run`` and ``--resume``."""
+    if resume not in ("auto", "force"):
+        raise AgentrtError(f"--resume takes auto or force, not {resume!r}")
+    if new_run and resume == "force":
+        raise AgentrtError("--new-run starts over and --resume force continues; pass one")
+    return "new" if new_run else resume
+
+
 def _setup() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -52,13 +65,16 @@ def train(
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
     imports: Optional[list[str]] = _IMPORT,
     run_dir: Optional[str] = typer.Option(None, help="Output folder (overrides run_dir)."),
+    new_run: bool = _NEW_RUN,
+    resume: str = _RESUME,
 ) -> None:
     """Train one policy on a built-in task: optional SFT warm start, then GRPO/PPO/..."""
     _setup()
+    start = _start(new_run, resume)
     cfg = _load(config, set_, imports, run_dir, expect="train")
     from agentrt.trainer import Trainer
 
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, start)
     last = trainer.run()
     acc = last.get("eval/accuracy")
     typer.echo(f"run folder: {trainer.run_dir.path}")
@@ -97,14 +113,17 @@ def tournament_run(
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
     imports: Optional[list[str]] = _IMPORT,
     run_dir: Optional[str] = typer.Option(None, help="Output folder (overrides run_dir)."),
+    new_run: bool = _NEW_RUN,
+    resume: str = _RESUME,
 ) -> None:
     """Train learning policies by playing scheduled matches; resumes if the folder has a
     checkpoint; ends with the leaderboard and the HTML report."""
     _setup()
+    start = _start(new_run, resume)
     cfg = _load(config, set_, imports, run_dir, expect="tournament")
     from agentrt.tournaments.trainer import LeagueTrainer
 
-    trainer = LeagueTrainer(cfg)
+    trainer = LeagueTrainer(cfg, start)
     trainer.run()
     typer.echo(trainer.leaderboard_text)
     typer.echo(f"report: {trainer.report_path}")
@@ -116,9 +135,12 @@ def tournament_eval(
                                             "baselines; schedule.format round_robin or swiss."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
     imports: Optional[list[str]] = _IMPORT,
+    new_run: bool = _NEW_RUN,
+    resume: str = _RESUME,
 ) -> None:
     """Rating-only tournament between checkpoints and baselines (nothing trains)."""
     _setup()
+    start = _start(new_run, resume)
     cfg = _load(config, set_, imports, expect="tournament")
     from agentrt.tournaments.trainer import LeagueTrainer
 
@@ -126,7 +148,7 @@ def tournament_eval(
     from agentrt.tournaments.report import format_seat_results
 
     frozen = tuple(p.model_copy(update={"trainable": False}) for p in cfg.policies)
-    trainer = LeagueTrainer(cfg.model_copy(update={"policies": frozen}))
+    trainer = LeagueTrainer(cfg.model_copy(update={"policies": frozen}), start)
     trainer.run()
     typer.echo(trainer.leaderboard_text)
     with MatchStore(trainer.run_dir.path) as store:  # each policy by opponent and seat
@@ -163,14 +185,17 @@ def decompose_run(
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
     imports: Optional[list[str]] = _IMPORT,
     run_dir: Optional[str] = typer.Option(None, help="Output folder (overrides run_dir)."),
+    new_run: bool = _NEW_RUN,
+    resume: str = _RESUME,
 ) -> None:
     """Train a planner and its specialists on a task family's chains; resumes if the folder
     has a checkpoint; ends with held-out success and the HTML report."""
     _setup()
+    start = _start(new_run, resume)
     cfg = _load(config, set_, imports, run_dir, expect="decompose")
     from agentrt.decomposer.workload import Decomposer
 
-    runner = Decomposer(cfg)
+    runner = Decomposer(cfg, start)
     last = runner.run()
     typer.echo(f"run folder: {runner.run_dir.path}")
     if "eval/success" in last:

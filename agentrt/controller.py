@@ -37,7 +37,7 @@ from agentrt.plot import plot_metrics
 from agentrt.pool import BasePool, LocalPool
 from agentrt.ray_pool import PolicyPool
 from agentrt.progress import StepProgress
-from agentrt.run import RunDir, Timer, load_checkpoint, rng_state, set_rng_state
+from agentrt.run import RunDir, Timer, rng_state, set_rng_state
 from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunnerConfig, RunResult
 
 log = logging.getLogger(__name__)
@@ -289,10 +289,10 @@ class Controller:
         self.guard.saved(self.step)
 
     def _resume(self, work: Workload) -> bool:
-        ckpt = self.run_dir.latest_checkpoint()
-        if ckpt is None:
+        found = self.run_dir.load_latest()  # a damaged newest one: a warning, the one before
+        if found is None:
             return False
-        state = load_checkpoint(ckpt)
+        ckpt, state = found
         self.step = int(state["step"])
         set_rng_state(state["rng"])  # first: the pools' own RNG states (they sampled) win
         for pool in self.pools:
@@ -309,6 +309,7 @@ class Controller:
         for pool in self.pools:
             pool.shutdown()
         self.pools = []
+        self.run_dir.close()  # the folder's lock
 
 
 def greedy(sampling: SamplingConfig) -> SamplingConfig:

@@ -3,9 +3,15 @@
 Layout::
 
     <run_dir>/config.yaml          the resolved, validated config
+    <run_dir>/run.json             the run's identity (agentrt.identity)
+    <run_dir>/.lock                held (flock) by the process writing the folder
     <run_dir>/metrics.jsonl        one JSON object per logged step
-    <run_dir>/checkpoints/step_N/  state.pt (+ model files); written to a temp dir, then renamed
+    <run_dir>/checkpoints/step_N/  state.pt + manifest.json (agentrt.checkpoint); written to a
+                                   temp dir, then renamed
     <run_dir>/curves.png           plot of the main metrics
+
+:meth:`RunDir.open` starts or resumes a run in a folder: it takes the lock, then checks that the
+folder holds this run (or none), or starts over (``start="new"``) by deleting what a run wrote.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import time
 from contextlib import contextmanager
@@ -23,6 +30,15 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from agentrt.checkpoint import CheckpointError, load_checkpoint, write_checkpoint
+from agentrt.identity import (IDENTITY, RunFolderError, differences, lock, read_identity,
+                              run_identity, unlock)
+from agentrt.seeding import numpy_state, random_state, set_numpy_state, set_random_state
+
+__all__ = ["RunDir", "Timer", "load_checkpoint", "seed_everything", "rng_state", "set_rng_state",
+           "read_jsonl", "truncate_jsonl", "atomic_write_text"]
+STEP_FOLDER = re.compile(r"step_(\d+)")
+START = ("auto", "force", "new")
 log = logging.getLogger(__name__)
 
 
@@ -34,13 +50,13 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state()}
+    """This process's python, numpy and torch RNG states as plain data and a tensor."""
+    return {"python": random_state(), "numpy": numpy_state(), "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    set_random_state(state["python"])
+    set_numpy_state(state["numpy"])
     torch.set_rng_state(state["torch"])
 
 
@@ -67,11 +83,80 @@ class Timer:
 class RunDir:
     """One run's output folder."""
 
+    #: What every run writes here (glob patterns) besides its checkpoints; a workload adds its
+    #: own. ``--new-run`` deletes these and the checkpoint folders, nothing else.
+    outputs = ("config.yaml", IDENTITY, "metrics.jsonl", "curves.png", "base_model_*", ".*.tmp")
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir = self.path / "checkpoints"
         self.metrics_path = self.path / "metrics.jsonl"
+
+    @classmethod
+    def open(cls, path: str | Path, config: dict[str, Any], start: str = "auto",
+             outputs: tuple[str, ...] = ()) -> RunDir:
+        """The run folder of a run of ``config`` (resolved, ``model_dump(mode="json")``), locked
+        for this process until :meth:`close`.
+
+        Args:
+            start: "auto" resumes the run the folder holds only if it is this config's;
+                "force" resumes it whatever config it had (this config's identity replaces it);
+                "new" deletes what the folder's run wrote (``outputs`` too) and starts over.
+            outputs: Glob patterns of the files the command writes besides :attr:`outputs`.
+
+        Raises:
+            RunFolderError: another process writes the folder, or it holds another run and
+                ``start`` is "auto".
+        """
+        if start not in START:
+            raise ValueError(f"start must be one of {START}, not {start!r}")
+        run = cls(path)
+        lock(run.path)
+        try:
+            run._claim(run_identity(config), start, cls.outputs + tuple(outputs))
+        except BaseException:
+            run.close()
+            raise
+        return run
+
+    def _claim(self, identity: dict[str, Any], start: str, outputs: tuple[str, ...]) -> None:
+        held = read_identity(self.path)
+        if start == "new":
+            removed = self.remove(outputs)
+            if removed:
+                log.warning("--new-run: deleted the previous run's %s in %s",
+                            ", ".join(removed), self.path)
+        elif held is not None and held["config_sha256"] != identity["config_sha256"]:
+            diff = differences(held, identity)
+            if start == "auto":
+                raise RunFolderError(
+                    f"run folder {self.path} holds another run ({diff}); pass --new-run to "
+                    "start over in it or --resume force to continue it with this config")
+            log.warning("--resume force: continuing the run in %s with this config (%s)",
+                        self.path, diff)
+        elif held is None and self.checkpoints():
+            log.warning("run folder %s records no run identity (%s); it takes this config's",
+                        self.path, IDENTITY)
+        atomic_write_text(self.path / IDENTITY, json.dumps(identity, indent=1) + "\n")
+
+    def remove(self, patterns: tuple[str, ...]) -> list[str]:
+        """Deletes the checkpoints and the entries of this folder matching ``patterns`` (a
+        user's own files, in ``checkpoints/`` too, stay); returns what it deleted."""
+        found = sorted({p for pattern in patterns for p in self.path.glob(pattern)})
+        ckpts = self.checkpoints() + sorted(self.ckpt_dir.glob(".tmp_step_*"))
+        for p in found + ckpts:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        if self.ckpt_dir.is_dir() and not any(self.ckpt_dir.iterdir()):
+            self.ckpt_dir.rmdir()
+        return [p.name for p in found] + [f"checkpoints/{p.name}" for p in ckpts]
+
+    def close(self) -> None:
+        """Releases the folder's lock (the end of the process does too)."""
+        unlock(self.path)
 
     def write_config(self, text: str) -> None:
         atomic_write_text(self.path / "config.yaml", text)
@@ -89,13 +174,14 @@ class RunDir:
         truncate_jsonl(self.metrics_path, after_step)
 
     def save_checkpoint(self, step: int, state: dict[str, Any], keep: int) -> Path:
-        """Writes ``checkpoints/step_<step>/state.pt`` atomically and prunes old checkpoints."""
+        """Writes ``checkpoints/step_<step>/`` (state.pt, then its manifest) into a temporary
+        folder renamed into place, and prunes old checkpoints (``keep`` newest stay)."""
         self.ckpt_dir.mkdir(exist_ok=True)
         final = self.ckpt_dir / f"step_{step}"
         tmp = self.ckpt_dir / f".tmp_step_{step}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        torch.save(state, tmp / "state.pt")
+        write_checkpoint(tmp, step, state)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         for old in self.checkpoints()[:-keep]:
@@ -103,18 +189,41 @@ class RunDir:
         return final
 
     def checkpoints(self) -> list[Path]:
+        """Checkpoint folders ``step_<N>``, oldest first; other names (``step_10.bak``,
+        ``notes``, the temporary ``.tmp_step_N``) are not checkpoints and are left alone."""
         if not self.ckpt_dir.is_dir():
             return []
-        found = [p for p in self.ckpt_dir.glob("step_*") if (p / "state.pt").is_file()]
-        return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+        found = {int(m[1]): p for p in self.ckpt_dir.iterdir()
+                 if (m := STEP_FOLDER.fullmatch(p.name)) and p.is_dir()}
+        return [found[k] for k in sorted(found)]
 
     def latest_checkpoint(self) -> Path | None:
         ckpts = self.checkpoints()
         return ckpts[-1] if ckpts else None
 
+    def load_latest(self) -> tuple[Path, dict[str, Any]] | None:
+        """The newest checkpoint that verifies (None: no checkpoint); each newer damaged one is
+        one warning line naming it and why.
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    return torch.load(path / "state.pt", weights_only=False)
+        Raises:
+            CheckpointError: there are checkpoints and none verifies.
+        """
+        damaged: list[tuple[Path, CheckpointError]] = []
+        for path in reversed(self.checkpoints()):
+            try:
+                state = load_checkpoint(path)
+            except CheckpointError as exc:
+                damaged.append((path, exc))
+                continue
+            for bad, why in damaged:
+                log.warning("checkpoint %s is damaged (%s); resuming from %s instead", bad, why,
+                            path.name)
+            return path, state
+        if damaged:
+            whys = "; ".join(f"{bad.name}: {why}" for bad, why in damaged)
+            raise CheckpointError(f"{self.ckpt_dir} holds no good checkpoint ({whys}); pass "
+                                  "--new-run to start the run over")
+        return None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -98,6 +98,7 @@ class PromptWorkload:
     """Prompts of a task (or rows of a preference data set) for one policy."""
 
     label = "train"
+    outputs = ("final_model",)  # besides RunDir.outputs
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
@@ -255,12 +256,16 @@ def rollout_metrics(played: RunResult) -> dict[str, float]:
 
 
 class Trainer:
-    """Runs ``agentrt train``: the controller loop over a :class:`PromptWorkload`."""
+    """Runs ``agentrt train``: the controller loop over a :class:`PromptWorkload`.
 
-    def __init__(self, cfg: TrainConfig) -> None:
+    ``start``: "auto" resumes only this config's run, "force" resumes the folder's run with this
+    config, "new" starts over (:meth:`agentrt.run.RunDir.open`)."""
+
+    def __init__(self, cfg: TrainConfig, start: str = "auto") -> None:
         self.cfg = cfg
         set_threads(cfg.threads)
-        self.run_dir = RunDir(cfg.run_dir)
+        self.run_dir = RunDir.open(cfg.run_dir, cfg.model_dump(mode="json"), start,
+                                   PromptWorkload.outputs)
         seed_everything(cfg.seed)
         self.workload = PromptWorkload(cfg)
         self.controller = Controller([cfg.policy], cfg.runtime, self.run_dir, seed=cfg.seed,

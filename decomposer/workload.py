@@ -45,6 +45,7 @@ class DecomposeWorkload:
     """Chains of a task family for a planner and its specialists (see the module docstring)."""
 
     label = "decompose"
+    outputs = ("chains.jsonl", "eval_chains.jsonl", "report.html", "final")  # + RunDir.outputs
 
     def __init__(self, cfg: DecomposeConfig) -> None:
         self.cfg = cfg
@@ -266,12 +267,14 @@ def chain_metrics(chains: list[dict[str, Any]], prefix: str) -> dict[str, float]
 
 
 class Decomposer:
-    """Runs ``agentrt decompose run``: the controller loop over a :class:`DecomposeWorkload`."""
+    """Runs ``agentrt decompose run``: the controller loop over a :class:`DecomposeWorkload`
+    (``start``: as :class:`agentrt.trainer.Trainer`'s)."""
 
-    def __init__(self, cfg: DecomposeConfig) -> None:
+    def __init__(self, cfg: DecomposeConfig, start: str = "auto") -> None:
         self.cfg = cfg
         set_threads(cfg.threads)
-        self.run_dir = RunDir(cfg.run_dir)
+        self.run_dir = RunDir.open(cfg.run_dir, cfg.model_dump(mode="json"), start,
+                                   DecomposeWorkload.outputs)
         seed_everything(cfg.seed)
         self.workload = DecomposeWorkload(cfg)
         self.controller = Controller(list(cfg.policies), cfg.runtime, self.run_dir,

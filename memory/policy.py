@@ -173,13 +173,16 @@ class RunMemory:
             memory.write(record)
 
     def state_dict(self) -> dict[str, list[dict[str, Any]]]:
-        """Every FAISS bank's records with their vectors (Redis banks are shared services that
-        outlive a run and are left out)."""
+        """Every FAISS bank's records with their vectors as tensors (Redis banks are shared
+        services that outlive a run and are left out)."""
+        import torch  # here: config checks import this module without torch
+
         out: dict[str, list[dict[str, Any]]] = {}
         for name, bank in self.banks.items():
             if bank.cfg.backend != "faiss":
                 continue
-            out[name] = [{**rec.to_dict(), "embedding": bank.store.vector(rec.id).copy()}
+            out[name] = [{**rec.to_dict(),
+                          "embedding": torch.from_numpy(bank.store.vector(rec.id).copy())}
                          for rec in bank.records()]
         return out
 

@@ -26,6 +26,7 @@ from agentrt.envs.board import connects_four, ttt_winner
 from agentrt.errors import ConfigError
 from agentrt.policies.base import Action, ActRequest
 from agentrt.registry import Registry, import_callable
+from agentrt.seeding import random_state, set_random_state
 
 
 class ScriptedPolicy:
@@ -42,6 +43,25 @@ class ScriptedPolicy:
 
     def choose(self, request: ActRequest) -> str:
         raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps, as plain data: the RNG stream (the rest comes from the
+        config). A subclass with more changing state adds it here and in load_state_dict."""
+        return {"rng": random_state(self.rng)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_random_state(state["rng"], self.rng)
+
+
+def scripted_state(policy: Any) -> dict[str, Any] | None:
+    """``policy.state_dict()`` for a checkpoint; None for a user's scripted player without one
+    (it restarts from its seed on resume)."""
+    return policy.state_dict() if hasattr(policy, "state_dict") else None
+
+
+def load_scripted_state(policy: Any, state: dict[str, Any] | None) -> None:
+    if state is not None and hasattr(policy, "load_state_dict"):
+        policy.load_state_dict(state)
 
 
 class RandomPolicy(ScriptedPolicy):
@@ -65,6 +85,13 @@ class RandomPolicy(ScriptedPolicy):
         if legal:
             return legal[self.rng.randrange(len(legal))]
         return str(self.rng.randrange(10 ** self.rng.randint(1, 4)))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "np_rng": self.np_rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.np_rng.bit_generator.state = state["np_rng"]
 
 
 # ----------------------------------------------------------------------------- tic-tac-toe

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import asdict
 from typing import Any
 
 from agentrt.config import SFTConfig, dump_config
@@ -24,7 +25,7 @@ from agentrt.controller import Controller, greedy, set_threads
 from agentrt.memory.policy import wire_memories
 from agentrt.policies.base import Action, ActRequest
 from agentrt.policies.lm import LMPolicy, PromptTemplate
-from agentrt.policies.scripted import scripted_factory
+from agentrt.policies.scripted import load_scripted_state, scripted_factory, scripted_state
 from agentrt.progress import StepProgress
 from agentrt.run import RunDir, seed_everything
 from agentrt.runner.core import EpisodeRecord, EpisodeRunner, EpisodeSpec, RunResult
@@ -79,6 +80,7 @@ class LeagueWorkload:
     """Matches of a tournament for the controller loop (see the module docstring)."""
 
     label = "league"
+    outputs = ("matches.sqlite*", "report.html", "final_models", "memory")  # + RunDir.outputs
 
     def __init__(self, cfg: TournamentRunConfig) -> None:
         self.cfg = cfg
@@ -299,15 +301,18 @@ class LeagueWorkload:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {"baselines": self.baselines,  # scripted policies carry RNG state
+        """Plain data and tensors only (checkpoints load with ``weights_only=True``)."""
+        return {"baselines": {k: scripted_state(b) for k, b in self.baselines.items()},
                 "tournament": self.tournament.state_dict(), "memory": self.memory.state_dict(),
-                "heldout": self.heldout}
+                "heldout": {k: [asdict(ex) for ex in v] for k, v in self.heldout.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tournament.load_state_dict(state["tournament"])
         self.memory.load_state_dict(state.get("memory", {}))
-        self.baselines = state["baselines"]
-        self.heldout = state.get("heldout", {})
+        for key, saved in state["baselines"].items():
+            load_scripted_state(self.baselines[key], saved)
+        self.heldout = {k: [PreferenceExample(**ex) for ex in v]
+                        for k, v in state.get("heldout", {}).items()}
 
     def finish(self, ctl: Controller) -> None:
         """Final leaderboard on the terminal, the HTML report, the final models."""
@@ -320,12 +325,14 @@ class LeagueWorkload:
 
 
 class LeagueTrainer:
-    """Runs ``agentrt tournament run``: the controller loop over a :class:`LeagueWorkload`."""
+    """Runs ``agentrt tournament run``: the controller loop over a :class:`LeagueWorkload`
+    (``start``: as :class:`agentrt.trainer.Trainer`'s)."""
 
-    def __init__(self, cfg: TournamentRunConfig) -> None:
+    def __init__(self, cfg: TournamentRunConfig, start: str = "auto") -> None:
         self.cfg = cfg
         set_threads(cfg.threads)
-        self.run_dir = RunDir(cfg.run_dir)
+        self.run_dir = RunDir.open(cfg.run_dir, cfg.model_dump(mode="json"), start,
+                                   LeagueWorkload.outputs)
         seed_everything(cfg.seed)
         self.workload = LeagueWorkload(cfg)
         self.controller = Controller(list(cfg.policies), cfg.runtime, self.run_dir,

@@ -1,0 +1,136 @@
+"""Which run a run folder holds (``run.json``), and the lock that keeps it to one process.
+
+A run's identity is its resolved config (seed included) and the agentrt version, less the
+fields that may change between a run and its resume without changing what it computes
+(:data:`VOLATILE`: where it writes, how it shows progress, how many threads, how often and how
+many checkpoints it keeps, the Ray runtime, the stop guards, and how many steps it runs: a
+finished run may be continued further). ``run.json`` keeps a hash of the
+whole and one entry per field: its value, or a short hash of it for what may hold a secret (a
+URL, a field named like a password, token or key) or is long (a prompt template), so the file
+never holds a secret but a refusal can still name every field that differs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from agentrt import __version__
+from agentrt.errors import AgentrtError
+
+IDENTITY = "run.json"
+LOCK = ".lock"
+#: Config fields (and sections) left out of a run's identity: changing them between a run and its
+#: resume leaves the computation the same.
+VOLATILE = ("run_dir", "progress", "threads", "checkpoint.every", "checkpoint.keep", "runtime",
+            "guards", "train.steps")
+_SECRET = re.compile(r"url|pass|token|secret|key|auth|cred|://|@", re.IGNORECASE)
+_HELD: dict[str, int] = {}  # run folder -> file descriptor holding its lock (this process)
+
+
+class RunFolderError(AgentrtError):
+    """The run folder holds another run, or another process is writing it."""
+
+
+def run_identity(config: dict[str, Any]) -> dict[str, Any]:
+    """``run.json``'s content for a resolved config (``model_dump(mode="json")``)."""
+    # Empty lists count as unset: the CLI's config model adds ``imports: []`` to every kind.
+    fields = {k: v for k, v in _flatten(config).items() if not _volatile(k) and v not in ([], {})}
+    fields["agentrt"] = __version__
+    whole = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    shown = {k: _shown(k, v) for k, v in fields.items()}
+    return {"format": 1, "config_sha256": whole, "seed": config.get("seed"),
+            "agentrt": __version__, "fields": shown}
+
+
+def read_identity(folder: Path) -> dict[str, Any] | None:
+    """The identity ``folder`` records (None: none, or unreadable)."""
+    try:
+        found = json.loads((folder / IDENTITY).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return found if isinstance(found, dict) and isinstance(found.get("fields"), dict) else None
+
+
+def differences(old: dict[str, Any], new: dict[str, Any], limit: int = 6) -> str:
+    """The fields where two identities differ, as ``"seed: 0 there, 1 here; memory.url"``
+    (with their values unless ``run.json`` keeps only a hash of them)."""
+    a, b = old["fields"], new["fields"]
+    out = []
+    for key in sorted(set(a) | set(b), key=lambda k: (k != "seed", k)):
+        if a.get(key, "<unset>") == b.get(key, "<unset>"):
+            continue
+        x, y = a.get(key, "unset"), b.get(key, "unset")
+        hidden = isinstance(x, str) and x.startswith("sha256:") or (
+            isinstance(y, str) and y.startswith("sha256:"))
+        out.append(key if hidden else f"{key}: {_brief(x)} there, {_brief(y)} here")
+    more = f"; and {len(out) - limit} more" if len(out) > limit else ""
+    return "; ".join(out[:limit]) + more if out else "the config hash"
+
+
+def lock(folder: Path) -> None:
+    """Takes ``folder/.lock`` (flock, exclusive) for this process until :func:`unlock`.
+
+    Raises:
+        RunFolderError: another process holds it.
+    """
+    key = str(folder.resolve())
+    if key in _HELD:
+        return
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RunFolderError(f"run folder {folder} is in use by another agentrt process (pid "
+                             f"{holder}); wait for it to end or give this run another run_dir"
+                             ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[key] = fd
+
+
+def unlock(folder: Path) -> None:
+    fd = _HELD.pop(str(folder.resolve()), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def _brief(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out |= _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    if isinstance(node, list) and node and all(isinstance(v, dict) for v in node):
+        out = {}
+        for i, v in enumerate(node):
+            out |= _flatten(v, f"{prefix}[{i}]")
+        return out
+    return {prefix: node}
+
+
+def _volatile(key: str) -> bool:
+    return any(key == v or key.startswith(f"{v}.") for v in VOLATILE)
+
+
+def _shown(key: str, value: Any) -> Any:
+    """``value``, or ``"sha256:<16 hex>"`` when it may hold a secret or is long."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    text = json.dumps(value, sort_keys=True)
+    if len(text) <= 120 and not _SECRET.search(key.rsplit(".", 1)[-1]) and not (
+            _SECRET.search(text)):
+        return value
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
