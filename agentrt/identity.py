@@ -4,10 +4,13 @@ A run's identity is its resolved config (seed included) and the agentrt version,
 fields that may change between a run and its resume without changing what it computes
 (:data:`VOLATILE`: where it writes, how it shows progress, how many threads, how often and how
 many checkpoints it keeps, the Ray runtime, the stop guards, and how many steps it runs: a
-finished run may be continued further). ``run.json`` keeps a hash of the
-whole and one entry per field: its value, or a short hash of it for what may hold a secret (a
-URL, a field named like a password, token or key) or is long (a prompt template), so the file
-never holds a secret but a refusal can still name every field that differs.
+finished run may be continued further). Credentials are no part of it:
+fields named like a password, token, secret or API key are left out (they may rotate between
+resumes) and a URL's user part and password parameter (``redis://:pw@host/0?password=pw``) are
+dropped, so nothing in ``run.json``
+is derived from a secret. ``run.json`` keeps a hash of the whole and one entry per field: its
+value, or a short hash of it when it is long (a prompt template), so a refusal can name every
+field that differs.
 """
 
 from __future__ import annotations
@@ -29,7 +32,11 @@ LOCK = ".lock"
 #: resume leaves the computation the same.
 VOLATILE = ("run_dir", "progress", "threads", "checkpoint.every", "checkpoint.keep", "runtime",
             "guards", "train.steps")
-_SECRET = re.compile(r"url|pass|token|secret|key|auth|cred|://|@", re.IGNORECASE)
+_CREDENTIAL = re.compile(r"(^|_)(password|passwd|token|secret|api_?key|credentials?)(_env)?$",
+                         re.IGNORECASE)
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+_QUERY_SECRET = re.compile(r"(?<=[?&])(password|passwd|token|secret|api_?key)=[^&#\s]*",
+                           re.IGNORECASE)
 _HELD: dict[str, int] = {}  # run folder -> file descriptor holding its lock (this process)
 
 
@@ -40,7 +47,8 @@ class RunFolderError(AgentrtError):
 def run_identity(config: dict[str, Any]) -> dict[str, Any]:
     """``run.json``'s content for a resolved config (``model_dump(mode="json")``)."""
     # Empty lists count as unset: the CLI's config model adds ``imports: []`` to every kind.
-    fields = {k: v for k, v in _flatten(config).items() if not _volatile(k) and v not in ([], {})}
+    fields = {k: _scrub(v) for k, v in flatten(config).items()
+              if not _volatile(k) and v not in ([], {})}
     fields["agentrt"] = __version__
     whole = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
     shown = {k: _shown(k, v) for k, v in fields.items()}
@@ -107,30 +115,42 @@ def _brief(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A config dump as ``{"policy.optim.lr": 0.001, "policies[0].id": "lm", ...}`` (lists of
+    sections by index, other lists as values)."""
     if isinstance(node, dict):
         out: dict[str, Any] = {}
         for k, v in node.items():
-            out |= _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+            out |= flatten(v, f"{prefix}.{k}" if prefix else str(k))
         return out
     if isinstance(node, list) and node and all(isinstance(v, dict) for v in node):
         out = {}
         for i, v in enumerate(node):
-            out |= _flatten(v, f"{prefix}[{i}]")
+            out |= flatten(v, f"{prefix}[{i}]")
         return out
     return {prefix: node}
 
 
 def _volatile(key: str) -> bool:
-    return any(key == v or key.startswith(f"{v}.") for v in VOLATILE)
+    name = key.rsplit(".", 1)[-1]
+    return _CREDENTIAL.search(name) is not None or any(
+        key == v or key.startswith(f"{v}.") for v in VOLATILE)
+
+
+def _scrub(value: Any) -> Any:
+    """``value`` without the user part (name, password) or a password parameter of any URL."""
+    if isinstance(value, str):
+        return _QUERY_SECRET.sub(r"\1=", _USERINFO.sub("", value))
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _scrub(v) for k, v in value.items()}
+    return value
 
 
 def _shown(key: str, value: Any) -> Any:
-    """``value``, or ``"sha256:<16 hex>"`` when it may hold a secret or is long."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
+    """``value``, or ``"sha256:<16 hex>"`` when it is long."""
     text = json.dumps(value, sort_keys=True)
-    if len(text) <= 120 and not _SECRET.search(key.rsplit(".", 1)[-1]) and not (
-            _SECRET.search(text)):
+    if len(text) <= 120:
         return value
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]

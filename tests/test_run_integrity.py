@@ -271,6 +271,27 @@ def test_a_rerun_with_another_seed_is_refused_unless_forced(train_run, tiny_mode
     assert [r["step"] for r in rows(run_dir)] == list(range(STEPS + 1))
 
 
+def test_run_identity_holds_no_secret_and_names_what_differs() -> None:
+    """run.json: credentials (a password field, a URL's password) are no part of a run's
+    identity (they may rotate) and nothing in it derives from them; other fields are named."""
+    from agentrt.identity import differences, run_identity
+
+    def cfg(seed: int, secret: str, db: int) -> dict[str, Any]:
+        bank = {"backend": "redis", "url": f"redis://:{secret}@127.0.0.1:6379/{db}?password="
+                f"{secret}", "redis": {"password": secret, "password_env": None}}
+        return {"seed": seed, "run_dir": f"runs/{secret}", "threads": 2,
+                "memory": {"banks": {"league": bank}},
+                "policy": {"optim": {"lr": 1e-3}, "rollout": {"sampling": {"max_new_tokens": 4}}}}
+
+    a, b = run_identity(cfg(0, "hunter2", 0)), run_identity(cfg(0, "rotated9", 0))
+    assert "hunter2" not in json.dumps(a) and a == b
+    c = run_identity(cfg(1, "hunter2", 1) | {"policy": {"optim": {"lr": 2e-3}}})
+    assert differences(a, c) == (
+        'seed: 0 there, 1 here; memory.banks.league.url: "redis://127.0.0.1:6379/0?password=" '
+        'there, "redis://127.0.0.1:6379/1?password=" here; policy.optim.lr: 0.001 there, 0.002 '
+        'here; policy.rollout.sampling.max_new_tokens: 4 there, "unset" here')
+
+
 def test_new_run_leaves_no_record_of_the_old_run(train_run, tiny_model_dir, tmp_path) -> None:
     run_dir = copy_run(train_run, tmp_path / "run")
     (run_dir / "notes.txt").write_text("mine")
