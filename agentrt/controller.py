@@ -29,8 +29,10 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from agentrt.config import GuardsConfig, PolicyConfig, RuntimeConfig, SamplingConfig
+from agentrt.config import (ExportConfig, GuardsConfig, PolicyConfig, RuntimeConfig,
+                            SamplingConfig)
 from agentrt.engine import Completion
+from agentrt.exporters import Exporters
 from agentrt.guards import RunGuard
 from agentrt.objectives import learn
 from agentrt.plot import plot_metrics
@@ -126,12 +128,15 @@ class Controller:
         total_steps: Steps the LR schedules span.
         preference_pairs: Pairs of a ranked list a preference loss uses ("all", "best_worst").
         guards: When the run stops instead of going nowhere (:mod:`agentrt.guards`).
+        export: Where each metrics row also goes (Prometheus, MLflow: :mod:`agentrt.exporters`).
     """
 
     def __init__(self, policies: list[PolicyConfig], runtime: RuntimeConfig, run_dir: RunDir,
                  seed: int = 0, total_steps: int = 1000, preference_pairs: str = "all",
-                 guards: GuardsConfig | None = None) -> None:
+                 guards: GuardsConfig | None = None, export: ExportConfig | None = None) -> None:
         self.run_dir = run_dir
+        self.export = export
+        self.exporters = Exporters(None, run_dir.path)
         self.preference_pairs = preference_pairs
         self.guard = RunGuard(guards or GuardsConfig())
         self.cfgs = {p.id: p for p in policies}
@@ -219,25 +224,35 @@ class Controller:
         """Trains to ``work.steps`` (or stops after ``stop_after`` more steps, as if killed);
         resumes from the run folder's last checkpoint. Returns the last metrics row."""
         self.run_dir.write_config(work.config_text())
-        work.start(self)
-        last = {} if self._resume(work) else self._warm_start(work)
-        bar = StepProgress(work.steps, enabled=work.progress, start=self.step, label=work.label)
-        if last:  # a fresh start: show the step-0 evaluation
-            bar.update(self.step, last)
+        # the saved (secret-free) config is what MLflow records
+        self.exporters = Exporters(self.export, self.run_dir.path, work.config_text())
+        finished = False
         try:
-            while self.step < work.steps and not work.done():
-                if stop_after is not None and stop_after <= 0:
-                    break
-                last = self._iteration(work, bar)
-                if stop_after is not None:
-                    stop_after -= 1
-        except KeyboardInterrupt:
-            log.warning("interrupted at step %d; the last checkpoint is resumable", self.step)
-            raise
+            work.start(self)
+            last = {} if self._resume(work) else self._warm_start(work)
+            bar = StepProgress(work.steps, enabled=work.progress, start=self.step,
+                               label=work.label)
+            if last:  # a fresh start: show the step-0 evaluation
+                bar.update(self.step, last)
+            try:
+                while self.step < work.steps and not work.done():
+                    if stop_after is not None and stop_after <= 0:
+                        break
+                    last = self._iteration(work, bar)
+                    if stop_after is not None:
+                        stop_after -= 1
+            except KeyboardInterrupt:
+                log.warning("interrupted at step %d; the last checkpoint is resumable", self.step)
+                raise
+            finally:
+                bar.close()
+                plot_metrics(self.run_dir.read_metrics(), self.run_dir.path / "curves.png")
+            work.finish(self)
+            if self.step >= work.steps or work.done():
+                self.exporters.finish()  # registers the final models
+            finished = True
         finally:
-            bar.close()
-            plot_metrics(self.run_dir.read_metrics(), self.run_dir.path / "curves.png")
-        work.finish(self)
+            self.exporters.close(ok=finished)
         return last
 
     def _iteration(self, work: Workload, bar: StepProgress) -> dict[str, float]:
@@ -258,6 +273,7 @@ class Controller:
             metrics |= work.evaluate(self)
         metrics |= self.timer.pop()
         self.run_dir.log_metrics(step, metrics)
+        self.exporters.emit(step, metrics)
         bar.update(step, metrics)
         if step % work.checkpoint_every == 0 or step == work.steps:
             self.save(work)
@@ -274,6 +290,7 @@ class Controller:
             metrics = work.warm_start(self)
         metrics |= work.evaluate(self) | self.timer.pop()
         self.run_dir.log_metrics(0, metrics)
+        self.exporters.emit(0, metrics)
         self.save(work)
         return metrics
 

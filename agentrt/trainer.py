@@ -270,7 +270,8 @@ class Trainer:
         self.workload = PromptWorkload(cfg)
         self.controller = Controller([cfg.policy], cfg.runtime, self.run_dir, seed=cfg.seed,
                                      total_steps=cfg.train.steps,
-                                     preference_pairs=cfg.data.pairs, guards=cfg.guards)
+                                     preference_pairs=cfg.data.pairs, guards=cfg.guards,
+                                     export=cfg.export)
 
     @property
     def pool(self) -> Any:

@@ -337,7 +337,7 @@ class LeagueTrainer:
         self.workload = LeagueWorkload(cfg)
         self.controller = Controller(list(cfg.policies), cfg.runtime, self.run_dir,
                                      seed=cfg.seed, total_steps=cfg.train.steps,
-                                     guards=cfg.guards)
+                                     guards=cfg.guards, export=cfg.export)
 
     def run(self, stop_after: int | None = None) -> dict[str, float]:
         try:
