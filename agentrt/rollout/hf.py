@@ -59,16 +59,25 @@ class HFRollout:
         self.eos_id = int(tokenizer.eos_token_id)
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None
-                 ) -> list[Completion]:
-        """One response per prompt (token-id lists, non-empty); temperature 0 is greedy."""
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None,
+                 streamer: Any = None) -> list[Completion]:
+        """One response per prompt (token-id lists, non-empty); temperature 0 is greedy.
+
+        ``streamer`` (transformers' streamer protocol: ``put`` gets the prompt ids, then each
+        step's new ids, one per row) sees the tokens as they are generated; with a streamer the
+        prompts must fit one batch (``batch_size``).
+        """
         s = sampling or self.sampling
+        if streamer is not None and len(prompts) > self.batch_size:
+            raise ValueError(f"a streamer follows one batch; {len(prompts)} prompts exceed "
+                             f"batch_size {self.batch_size}")
         out: list[Completion] = []
         for start in range(0, len(prompts), self.batch_size):
-            out += self._generate_batch(prompts[start:start + self.batch_size], s)
+            out += self._generate_batch(prompts[start:start + self.batch_size], s, streamer)
         return out
 
-    def _generate_batch(self, prompts: list[list[int]], s: SamplingConfig) -> list[Completion]:
+    def _generate_batch(self, prompts: list[list[int]], s: SamplingConfig, streamer: Any = None
+                        ) -> list[Completion]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token (e.g. bos)")
         width = max(len(p) for p in prompts)
@@ -92,7 +101,7 @@ class HFRollout:
         autocast = (torch.autocast("cpu", dtype=self.autocast_dtype) if self.autocast_dtype
                     else contextlib.nullcontext())
         with autocast:
-            res = self.model.generate(input_ids=ids, attention_mask=mask,
+            res = self.model.generate(input_ids=ids, attention_mask=mask, streamer=streamer,
                                       generation_config=GenerationConfig(**gen_kwargs))
         new = res.sequences[:, width:]
         logits = torch.stack(res.logits, dim=1).float() / (1.0 if greedy else s.temperature)
