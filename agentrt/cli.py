@@ -236,6 +236,29 @@ def play_command(
                    f"{results.count('draw')}")
 
 
+@app.command("serve")
+def serve_command(
+    target: Path = typer.Argument(..., help="A run folder, a Hugging Face model folder or a "
+                                            "LoRA adapter folder."),
+    adapter: Optional[list[str]] = typer.Option(None, help="NAME=PATH: one more LoRA adapter "
+                                                           "over the base (repeatable)."),
+    base: Optional[Path] = typer.Option(None, help="Base model folder of the adapters."),
+    name: Optional[str] = typer.Option(None, help="Served name of a model/adapter folder."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8000, help="TCP port (0: any free one; the line printed says)."),
+    token: Optional[str] = typer.Option(None, help="Bearer token requests must send (default: "
+                                                   "$AGENTRT_SERVE_TOKEN); admin routes need it."),
+    backend: str = typer.Option("hf", help="Rollout backend: hf or vllm."),
+    max_batch: int = typer.Option(32, help="Most requests in one generate call."),
+    max_tokens: int = typer.Option(64, help="max_tokens of a request that sets none."),
+) -> None:
+    """Serve a run's policies behind an OpenAI-compatible HTTP API (docs/serving.md)."""
+    _setup()
+    from agentrt.serving.server import serve
+
+    serve(target, adapter or (), base, name, host, port, token, backend, max_batch, max_tokens)
+
+
 def main() -> None:
     try:
         code = app(standalone_mode=False)  # typer returns 130 after Ctrl-C in this mode

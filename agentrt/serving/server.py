@@ -1,0 +1,75 @@
+"""``agentrt serve``: load what a target holds, start the batcher, answer HTTP until stopped."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from agentrt.errors import AgentrtError
+
+log = logging.getLogger(__name__)
+TOKEN_ENV = "AGENTRT_SERVE_TOKEN"
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        family = socket.AF_INET  # a host name
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise AgentrtError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another "
+                           "--port (0: any free port)") from None
+    return sock
+
+
+def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
+          name: str | None = None, host: str = "127.0.0.1", port: int = 8000,
+          token: str | None = None, backend: str = "hf", max_batch: int = 32,
+          max_tokens: int = 64) -> None:
+    """Serves ``target``'s models until interrupted (see docs/serving.md).
+
+    Raises:
+        AgentrtError: a bad target, option or port, before anything is loaded or bound.
+    """
+    from agentrt.serving.sources import find_sources
+
+    if backend not in ("hf", "vllm"):
+        raise AgentrtError(f"--backend takes hf or vllm, not {backend!r}")
+    if max_batch < 1 or max_tokens < 1:
+        raise AgentrtError("--max-batch and --max-tokens must be at least 1")
+    if not 0 <= port <= 65535:
+        raise AgentrtError(f"--port {port} is not a TCP port (0-65535; 0: any free port)")
+    token = token or os.environ.get(TOKEN_ENV) or None
+    sources = find_sources(target, adapters, base, name)
+    if host not in ("127.0.0.1", "localhost", "::1") and token is None:
+        log.warning("listening on %s without a token: anyone who reaches it can generate; "
+                    "set %s", host, TOKEN_ENV)
+    sock = _bind(host, port)
+    import uvicorn
+
+    from agentrt.serving.api import Api, started_line
+    from agentrt.serving.batcher import Batcher
+    from agentrt.serving.host import ModelHost
+
+    models = ModelHost(sources, backend, max_batch)
+    batcher = Batcher(models, max_batch).start()
+    app = Api(models, batcher, token, max_tokens).app()
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    print(started_line(models, url, backend), file=sys.stdout, flush=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        batcher.stop()
+        models.close()
+        sock.close()
