@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_serializer,
-                      model_validator)
+from pydantic import Field, ValidationError, field_serializer, model_validator
 
 from agentrt.errors import ConfigError
 from agentrt.memory.augment import MemoryConfig
+from agentrt.schema import ConfigModel
 
 
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+class Section(ConfigModel):
+    """A section of a run config (see agentrt.schema.ConfigModel)."""
 
 
 class ModelConfig(Section):
@@ -446,14 +446,17 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     A number picks an element of a list section: ``policies.0.optim.lr=3e-4``."""
     out: dict[str, Any] = {}
     for item in overrides:
-        if "=" not in item:
+        key, eq, raw = item.partition("=")
+        parts = key.strip().split(".")
+        if not eq or not all(parts):
             raise ConfigError(f"override {item!r} must look like section.field=value")
-        key, raw = item.split("=", 1)
         node = out
-        parts = key.split(".")
-        for part in parts[:-1]:
+        for depth, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(raw)
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {'.'.join(parts[:depth + 1])} is set to "
+                                  "a value by another --set; give one of the two")
+        node[parts[-1]] = _yaml(raw, f"override {item!r}")
     return out
 
 
@@ -491,18 +494,53 @@ def load_config(
 def read_config(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
     """The YAML mapping at ``path`` with ``a.b=c`` overrides merged in (not validated yet)."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory, not a config file; give a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a UTF-8 text file; give a YAML config") from None
+    data = _yaml(text, str(path))
+    if data is None:
+        raise ConfigError(f"{path} is empty; write the config's sections in it (see examples/)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return _merge(data, parse_overrides(overrides or []))
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error (YAML says keys are
+    unique; PyYAML lets the last one win, silently dropping the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *anchor' may override keys
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # an unhashable key: the safe loader's own error follows
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (also at line {seen[key]}); keep one",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def _yaml(text: str, where: str) -> Any:
+    """``text`` parsed as YAML by the strict loader; ConfigError naming ``where`` and the line."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML{at}: {problem}") from None
 
 
 def validate_config(data: dict[str, Any], model: type[Section] = TrainConfig) -> Any:

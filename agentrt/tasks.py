@@ -11,9 +11,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from agentrt.registry import Registry
+from agentrt.schema import ConfigModel
 
 TASKS: Registry[type] = Registry("task")
 
@@ -25,8 +26,8 @@ class Example:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-class _Options(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+class _Options(ConfigModel):
+    """A task's options."""
 
 
 class ArithmeticOptions(_Options):

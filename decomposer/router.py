@@ -52,11 +52,12 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from agentrt.errors import AgentrtError, ConfigError
 from agentrt.memory import BankConfig, MemoryBank, open_bank
 from agentrt.memory.embedders import EMBEDDERS
+from agentrt.schema import ConfigModel
 from agentrt.tournaments.ratings import OpenSkillRatings
 from agentrt.tournaments.types import Match, MatchResult, Player
 
@@ -67,10 +68,8 @@ class RoutingError(AgentrtError):
     """A subtask no specialist can take, or an outcome of a policy the router does not know."""
 
 
-class RouterConfig(BaseModel):
+class RouterConfig(ConfigModel):
     """Router settings (frozen; unknown keys rejected)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     exploration: Literal["ucb", "epsilon", "none"] = Field(
         "ucb", description="How traffic is spread before the ratings separate (see the module).")

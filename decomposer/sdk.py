@@ -38,10 +38,11 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from agentrt.decomposer.plan import Plan, Step
 from agentrt.registry import Registry
+from agentrt.schema import ConfigModel
 
 
 @dataclass(frozen=True)
@@ -137,10 +138,8 @@ class SubtaskType:
 WHOLE = "solve"  # the subtask type of a whole task done in one step (what a generalist does)
 
 
-class FamilyOptions(BaseModel):
+class FamilyOptions(ConfigModel):
     """Options of a family without any."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TaskFamily:

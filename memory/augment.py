@@ -10,18 +10,17 @@ from __future__ import annotations
 
 from typing import Any, Literal, Protocol, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from agentrt.memory.bank import MemoryBank
+from agentrt.schema import ConfigModel
 
 WriteKind = Literal["outcome", "reflection", "facts"]
 CONTEXT_HEADER = "Memories:\n"
 
 
-class MemoryConfig(BaseModel):
+class MemoryConfig(ConfigModel):
     """Memory settings of one policy (the ``memory:`` section of a policy config)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     bank: str = Field(..., min_length=1, description="Name of the bank (under memory.banks).")
     backend: Literal["faiss", "redis"] = Field("faiss", description="Backend of that bank.")

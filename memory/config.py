@@ -20,14 +20,15 @@ import re
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_serializer,
+from pydantic import (Field, SecretStr, ValidationError, field_serializer,
                       model_validator)
 
 from agentrt.memory.errors import MemoryBankError
+from agentrt.schema import ConfigModel
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+class _Section(ConfigModel):
+    """A section of the memory config."""
 
 
 class IndexConfig(_Section):

@@ -21,12 +21,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from agentrt.errors import ConfigError
 from agentrt.memory.augment import MemoryConfig, write_episode_memories
 from agentrt.memory.bank import MemoryBank
 from agentrt.memory.config import BankConfig
+from agentrt.schema import ConfigModel
 
 if TYPE_CHECKING:
     from agentrt.runner.core import EpisodeRecord
@@ -37,13 +38,11 @@ Reflect = Callable[["EpisodeRecord", str], Sequence[str]]
 _SCORE = {"win": 1.0, "draw": 0.5, "loss": 0.0}
 
 
-class MemoryBanksConfig(BaseModel):
+class MemoryBanksConfig(ConfigModel):
     """The ``memory:`` section of a run: banks that policies name in ``policies[].memory.bank``.
 
     A bank no policy declares here is a default FAISS bank in ``<run_dir>/memory/<name>``.
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     banks: dict[str, BankConfig] = Field(
         default_factory=dict, description="Bank name -> bank config (docs/memory.md).")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from agentrt.config import format_validation_error
 from agentrt.errors import ConfigError
 from agentrt.registry import Registry
+from agentrt.schema import ConfigModel
 from agentrt.tournaments.league import League, LeagueOptions
 from agentrt.tournaments.scheduling import RoundRobin, Scheduler
 from agentrt.tournaments.selfplay import PFSP, Lagged, Mirror, SnapshotRule, UniformFSP
@@ -20,8 +21,8 @@ from agentrt.tournaments.swiss import Swiss
 from agentrt.tournaments.types import Entrant
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+class _Section(ConfigModel):
+    """A section of a tournament config."""
 
 
 class SnapshotConfig(_Section):

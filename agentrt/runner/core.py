@@ -28,18 +28,17 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from agentrt.envs import make_multi
 from agentrt.errors import AgentrtError, ConfigError
 from agentrt.policies.base import Action, ActRequest, Policy, as_policy
+from agentrt.schema import ConfigModel
 from agentrt.types import Trajectory, Turn
 
 
-class RunnerConfig(BaseModel):
+class RunnerConfig(ConfigModel):
     """Episode runner settings (frozen; unknown keys rejected)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     concurrency: int = Field(256, gt=0, description="Episodes played at once.")
     random_seats: bool = Field(True, description="Shuffle players over seats per episode.")
