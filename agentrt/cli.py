@@ -259,6 +259,31 @@ def serve_command(
     serve(target, adapter or (), base, name, host, port, token, backend, max_batch, max_tokens)
 
 
+ckpt_app = typer.Typer(no_args_is_help=True, help="Checkpoints: can one be resumed or served.")
+app.add_typer(ckpt_app, name="ckpt")
+
+
+@ckpt_app.command("check")
+def ckpt_check(
+    ckpt: Path = typer.Argument(..., help="A checkpoint folder (checkpoints/step_N) or a run "
+                                          "folder (its newest checkpoint)."),
+    against: Optional[Path] = typer.Option(None, help="A config (any kind) or another "
+                                                      "checkpoint to check it against."),
+    imports: Optional[list[str]] = _IMPORT,
+) -> None:
+    """Say whether a checkpoint loads and fits a config or another checkpoint (architecture,
+    LoRA rank and targets, optimizer state, format) and name what differs. Exit 0: it does;
+    1: it does not; 2: bad input."""
+    from agentrt.ckpt_check import check
+
+    if against is not None and not against.exists():
+        raise AgentrtError(f"--against {against}: no such file or folder")
+    verdict = check(ckpt, against, tuple(imports or ()))
+    typer.echo(verdict.text(ckpt, against))
+    if not verdict.ok:
+        sys.exit(1)
+
+
 def main() -> None:
     try:
         code = app(standalone_mode=False)  # typer returns 130 after Ctrl-C in this mode
