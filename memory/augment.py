@@ -8,6 +8,7 @@ At episode end it calls :func:`write_episode_memories` with what the policy's co
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Literal, Protocol, Sequence
 
 from pydantic import Field
@@ -109,8 +110,13 @@ def write_episode_memories(
     reflections: Sequence[str] = (),
     facts: Sequence[str] = (),
     tags: Sequence[str] = (),
+    key: str | None = None,
 ) -> list[str]:
     """Stores what ``cfg.write`` asks for at the end of one episode; returns the new ids.
+
+    With ``key`` the writes are idempotent: each record's id is :func:`record_id` of ``key``,
+    its kind and its index among that kind, and a record whose id the bank already holds is not
+    written again (a replayed episode after a resume rewrites nothing).
 
     Args:
         bank: Bank to write.
@@ -123,16 +129,23 @@ def write_episode_memories(
         reflections: Texts the policy wrote about the episode ("reflection").
         facts: Facts the env revealed, e.g. ``info["revealed"]`` ("facts").
         tags: Extra tags on every record (e.g. the opponent's id).
+        key: What identifies this write among all of the bank's (e.g. run, step, policy,
+            episode and seat); None gives random ids.
 
     Returns:
-        Ids of the records written (empty texts are skipped, never stored).
+        Ids of the records written, or already held under those ids (empty texts are skipped,
+        never stored).
     """
     items: list[dict[str, Any]] = []
     base = dict(policy_id=policy_id, episode_id=episode_id, env=env, visibility=cfg.visibility)
 
     def add(text: str, kind: str) -> None:
         if text and text.strip():
-            items.append({**base, "text": text.strip(), "tags": (kind, *tags)})
+            item = {**base, "text": text.strip(), "tags": (kind, *tags)}
+            if key is not None:
+                index = sum(it["tags"][0] == kind for it in items)
+                item["id"] = record_id(key, kind, index)
+            items.append(item)
 
     if "outcome" in cfg.write and (outcome is not None or summary):
         parts = [f"Episode in {env or 'env'}"]
@@ -146,4 +159,17 @@ def write_episode_memories(
     if "facts" in cfg.write:
         for text in facts:
             add(text, "fact")
-    return bank.write_many(items) if items else []
+    if not items:
+        return []
+    ids = [it.get("id") for it in items]
+    if key is not None:
+        held = {rec.id for rec in bank.get(ids) if rec is not None}
+        items = [it for it in items if it["id"] not in held]
+    written = bank.write_many(items) if items else []
+    return ids if key is not None else written
+
+
+def record_id(key: str, kind: str, index: int) -> str:
+    """The id of the ``index``-th record of ``kind`` written under ``key`` (32 hex digits):
+    the same write always gets the same id, so a replay overwrites instead of duplicating."""
+    return hashlib.sha256(f"{key}|{kind}|{index}".encode()).hexdigest()[:32]

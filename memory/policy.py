@@ -14,6 +14,14 @@ ids go to ``Turn.memory_ids``) and, when one of its episodes ends, writes what `
 ``info["revealed"]``, each fact stored once per writer) and ``reflection`` (texts from a
 ``reflect`` function the caller passes). Records are written with the config's ``visibility``;
 ``private`` ones are readable by their writer only, so opponents never read them.
+
+Writes are idempotent and keyed by step: a record's id derives from the run, the step, the
+policy, the episode, the seat, its kind and index (:func:`~agentrt.memory.augment.record_id`),
+and it is tagged ``run:<run>`` and ``step:<n>``. A resumed run replays its episodes under the
+same ids (a league's episode id is its match id) after :meth:`RunMemory.forget_after` deleted
+what the run wrote in shared (Redis) banks after the checkpoint's step; FAISS banks are restored
+from the checkpoint itself. So a killed and resumed run ends with the records of one that never
+stopped, none missing, none twice.
 """
 
 from __future__ import annotations
@@ -127,8 +135,12 @@ class PolicyMemory:
         policy.set_memory(self.hook())
         return policy
 
-    def write(self, record: EpisodeRecord) -> list[str]:
-        """Writes what the config asks for every seat this policy played; returns the new ids."""
+    def write(self, record: EpisodeRecord, run: str = "", step: int = 0) -> list[str]:
+        """Writes what the config asks for every seat this policy played; returns the ids.
+
+        ``run`` and ``step`` key the writes (see the module docstring): writing the same
+        episode again at the same step of the same run writes nothing new.
+        """
         ids: list[str] = []
         for agent, pid in record.seats.items():
             if pid != self.policy_id:
@@ -144,7 +156,8 @@ class PolicyMemory:
             ids += write_episode_memories(
                 self.bank, self.cfg, policy_id=pid, episode_id=record.episode_id, env=record.env,
                 outcome=outcome, summary=summary, reflections=reflections, facts=facts,
-                tags=[f"opponent:{p}" for p in opponents])
+                tags=[f"opponent:{p}" for p in opponents] + [f"run:{run}", f"step:{step}"],
+                key=f"{run}|{step}|{pid}|{record.episode_id}|{agent}")
         return ids
 
     def _known(self, fact: str) -> bool:
@@ -163,13 +176,33 @@ class RunMemory:
     Use :func:`wire_memories` to build it.
     """
 
-    def __init__(self, banks: dict[str, MemoryBank], policies: dict[str, PolicyMemory]) -> None:
-        self.banks, self.policies = banks, policies
+    def __init__(self, banks: dict[str, MemoryBank], policies: dict[str, PolicyMemory],
+                 run: str = "") -> None:
+        self.banks, self.policies, self.run = banks, policies, run
+        self.step = 0
+
+    def begin_step(self, step: int) -> None:
+        """Episodes that end from now on are written as step ``step``'s."""
+        self.step = step
 
     def on_episode_end(self, record: EpisodeRecord) -> None:
         """``EpisodeRunner.run(..., on_episode_end=...)``: every policy writes its episode."""
         for memory in self.policies.values():
-            memory.write(record)
+            memory.write(record, self.run, self.step)
+
+    def forget_after(self, step: int) -> int:
+        """Deletes what this run wrote after ``step`` in its shared (non-FAISS) banks, e.g.
+        before a resumed run replays the steps after its checkpoint (-1: everything it wrote,
+        for a fresh start). Returns how many records were deleted."""
+        mine = f"run:{self.run}"
+        deleted = 0
+        for bank in self.banks.values():
+            if bank.cfg.backend == "faiss":
+                continue  # restored from the checkpoint (load_state_dict)
+            stale = [rec.id for rec in bank.records() if mine in rec.tags
+                     and any(t.startswith("step:") and int(t[5:]) > step for t in rec.tags)]
+            deleted += bank.delete(stale)
+        return deleted
 
     def state_dict(self) -> dict[str, list[dict[str, Any]]]:
         """Every FAISS bank's records with their vectors as tensors (Redis banks are shared
@@ -213,7 +246,7 @@ def open_banks(names: Sequence[str], declared: Mapping[str, BankConfig],
 def wire_memories(policies: Mapping[str, Any], configs: Mapping[str, MemoryConfig | None],
                   banks: Mapping[str, BankConfig] | None = None,
                   run_dir: str | Path | None = None,
-                  reflect: Mapping[str, Reflect] | None = None) -> RunMemory:
+                  reflect: Mapping[str, Reflect] | None = None, run: str = "") -> RunMemory:
     """Opens the banks the configs name and attaches a memory hook to each such policy.
 
     Args:
@@ -222,6 +255,8 @@ def wire_memories(policies: Mapping[str, Any], configs: Mapping[str, MemoryConfi
         banks: Declared banks (``memory.banks`` of the run config).
         run_dir: Run folder; FAISS banks live in ``<run_dir>/memory/<name>``.
         reflect: ``{policy_id: reflect function}`` for policies that write reflections.
+        run: What tells this run's writes from other runs' in a shared bank (part of every
+            record id and the ``run:<run>`` tag); a league passes its config hash.
 
     Returns:
         The :class:`RunMemory` whose ``on_episode_end`` writes the episodes.
@@ -244,4 +279,4 @@ def wire_memories(policies: Mapping[str, Any], configs: Mapping[str, MemoryConfi
                               (reflect or {}).get(pid))
         wired[pid] = memory
         memory.attach(policy)
-    return RunMemory(opened, wired)
+    return RunMemory(opened, wired, run)

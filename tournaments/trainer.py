@@ -22,6 +22,7 @@ from typing import Any
 
 from agentrt.config import SFTConfig, dump_config
 from agentrt.controller import Controller, greedy, set_threads
+from agentrt.identity import read_identity
 from agentrt.memory.policy import wire_memories
 from agentrt.policies.base import Action, ActRequest
 from agentrt.policies.lm import LMPolicy, PromptTemplate
@@ -107,8 +108,12 @@ class LeagueWorkload:
         self.ctl = ctl
         self.lm = {p.id: LMPolicy(ctl.handle(p.id), self.templates) for p in cfg.policies}
         # Memory-augmented learners read their bank in every prompt; snapshots never do.
+        # Record ids and tags name the run by its config hash: a replay (and a rerun of the same
+        # config) writes the same ids; another run sharing a Redis bank writes other ones.
+        identity = read_identity(ctl.run_dir.path) or {}
         self.memory = wire_memories(self.lm, {p.id: p.memory for p in cfg.policies},
-                                    cfg.memory.banks, ctl.run_dir.path)
+                                    cfg.memory.banks, ctl.run_dir.path,
+                                    run=str(identity.get("config_sha256", ""))[:16])
         self.frozen: dict[str, LMPolicy] = {}
         self.tournament = Tournament(ctl.run_dir.path, cfg.schedule, cfg.entrants(),
                                      [e.id for e in cfg.envs], seed=cfg.seed, seats=self.seats)
@@ -136,6 +141,7 @@ class LeagueWorkload:
                 bar.update(i + 1, {"sft/loss": metrics["sft/loss"]})
             bar.close()
             ctl.end_sft(pid)  # version 0 again; KL (when on) is to the warm-started policy
+        self.memory.forget_after(-1)  # a fresh start: what an earlier start wrote in Redis
         versions = ctl.versions()
         for pid in self.learners:
             ctl.snapshot(pid, 0)
@@ -145,8 +151,10 @@ class LeagueWorkload:
     # ------------------------------------------------------------------ one step
     def next_episodes(self, step: int) -> list[EpisodeSpec]:
         self.matches = self.tournament.next_matches(self.cfg.train.games_per_step)
+        self.memory.begin_step(step)
         return [EpisodeSpec(m.env, m.keys, seed=match_seed(self.cfg.seed, m.match_id),
-                            env_kwargs=self.env_kwargs[m.env]) for m in self.matches]
+                            env_kwargs=self.env_kwargs[m.env], episode_id=m.match_id)
+                for m in self.matches]
 
     def players(self, specs: list[EpisodeSpec]) -> dict[str, Any]:
         needed = {key for spec in specs for key in spec.players}
@@ -309,6 +317,7 @@ class LeagueWorkload:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tournament.load_state_dict(state["tournament"])
         self.memory.load_state_dict(state.get("memory", {}))
+        self.memory.forget_after(self.tournament.step)  # Redis: the steps about to be replayed
         for key, saved in state["baselines"].items():
             load_scripted_state(self.baselines[key], saved)
         self.heldout = {k: [PreferenceExample(**ex) for ex in v]

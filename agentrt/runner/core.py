@@ -75,6 +75,8 @@ class EpisodeSpec:
         options: Passed to ``env.reset(options=...)``.
         group: Group key for baselines (default: the seed for single-agent envs whose seed fixes
             the task, else the opponents' policy ids).
+        episode_id: The record's ``episode_id`` (default: a fresh uuid). A league passes its
+            match id, so a replayed episode keeps its id (memory writes key on it).
     """
 
     env: str
@@ -83,6 +85,7 @@ class EpisodeSpec:
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] | None = None
     group: str | None = None
+    episode_id: str | None = None
 
 
 def specs(env: str, players: Sequence[str], n: int, seed: int = 0, **kwargs: Any
@@ -128,7 +131,7 @@ class _Episode:
     def __init__(self, spec: EpisodeSpec, seed: int, env: Any, key: str,
                  seats: dict[str, str]) -> None:
         self.spec, self.seed, self.env, self.key, self.seats = spec, seed, env, key, seats
-        self.id = uuid.uuid4().hex
+        self.id = spec.episode_id or uuid.uuid4().hex
         agents = list(env.possible_agents)
         self.seat_of = {a: i for i, a in enumerate(agents)}
         self.turns: dict[str, list[Turn]] = {a: [] for a in agents}

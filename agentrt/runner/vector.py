@@ -110,7 +110,7 @@ def _record(spec: EpisodeSpec, i: int, index: int, agents: list[str], pids: list
     ended_by = _ENDS[int(st["end"][i])]
     seed = spec.seed if spec.seed is not None else runner_seed * 1_000_003 + index
     return EpisodeRecord(
-        episode_id=uuid.uuid4().hex, env=spec.env, seed=seed,
+        episode_id=spec.episode_id or uuid.uuid4().hex, env=spec.env, seed=seed,
         seats={a: pids[int(seats[j])] for j, a in enumerate(agents)}, returns=returns,
         results=episode_results(returns, forfeit, ended_by), num_actions=int(st["actions"][i]),
         invalid={a: int(st["invalid"][i, j]) for j, a in enumerate(agents)}, ended_by=ended_by,
