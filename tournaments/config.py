@@ -31,7 +31,10 @@ class SnapshotConfig(_Section):
         0.7, gt=0.0, lt=1.0, description="Freeze early once its lowest win rate exceeds this."
     )
     min_steps: int = Field(5, ge=1, description="Steps between two snapshots at least.")
-    max_pool: int | None = Field(None, gt=0, description="Snapshots kept per learner (oldest go).")
+    max_pool: int | None = Field(
+        20, gt=0, description="Snapshots kept per learner, the oldest dropped (null: all; each "
+                              "costs an adapter or a CPU copy and its share of every checkpoint)."
+    )
 
 
 class LeagueConfig(_Section):

@@ -156,6 +156,23 @@ def test_snapshot_on_win_rate_threshold_before_every() -> None:
     assert fired[0] == (2, "lm@2")  # won everything, blocked only by min_steps at step 1
 
 
+
+def test_snapshots_are_capped_at_20_per_learner_by_default() -> None:
+    """Issue 18, bounded growth: without max_pool a league kept every snapshot (each an adapter
+    or weights copy, saved in every checkpoint); by default the oldest beyond 20 are dropped."""
+    sched = build_scheduler({"format": "pfsp", "snapshot": {"every": 1, "win_rate": None,
+                             "min_steps": 1}}, [Entrant("lm", True), Entrant("random")], ["t"])
+    live, dropped = set(), []
+    for step in range(0, 26):
+        if step:
+            sched.report([play(m, _strength) for m in sched.next_matches(4)])
+        for ev in sched.on_step(step, {"lm": step}):
+            live.add(ev.player.key)
+            dropped += [old.key for old in ev.dropped]
+            live -= {old.key for old in ev.dropped}
+    assert len(live) == 20 and live == {f"lm@{v}" for v in range(6, 26)}
+    assert dropped == [f"lm@{v}" for v in range(6)]  # the oldest go first
+
 PFSP_TABLE = {"lm@0": (5, 10), "random": (9, 10), "heuristic": (2, 10), "greedy": (6, 10),
               "perfect": (10, 10)}  # opponent -> (wins of lm, games): win rates .5 .9 .2 .6 1.
 # chi-square critical values at alpha = 0.001 (standard tables): a correct sampler fails with
