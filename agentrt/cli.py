@@ -259,6 +259,43 @@ def serve_command(
     serve(target, adapter or (), base, name, host, port, token, backend, max_batch, max_tokens)
 
 
+policies_app = typer.Typer(no_args_is_help=True,
+                           help="Policy versions of a run: provenance and metrics at each save.")
+app.add_typer(policies_app, name="policies")
+
+
+@policies_app.command("ls")
+def policies_ls(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
+    """Every checkpointed version and league snapshot: parent, step, key figures."""
+    from agentrt.versions import listing
+
+    typer.echo("\n".join(listing(run_dir)))
+
+
+@policies_app.command("show")
+def policies_show(run_dir: Path = typer.Argument(..., help="A run folder."),
+                  version: str = typer.Argument(..., help="lm@v4, a snapshot lm@25, or lm "
+                                                          "(its newest version).")) -> None:
+    """One version's record (JSON): parent, code, config hash, data, reward source, metrics."""
+    import json
+
+    from agentrt.versions import find
+
+    typer.echo(json.dumps(find(version, run_dir)[1], indent=1, sort_keys=True))
+
+
+@policies_app.command("diff")
+def policies_diff(run_dir: Path = typer.Argument(..., help="A run folder."),
+                  a: str = typer.Argument(..., help="A version of it, or OTHER_RUN:version."),
+                  b: str = typer.Argument(..., help="Another, or OTHER_RUN:version.")) -> None:
+    """What differs between two versions: code commit, config (field by field), training data,
+    reward source, key figures."""
+    from agentrt.versions import diff, find
+
+    lines = diff(find(a, run_dir), find(b, run_dir))
+    typer.echo("\n".join([f"{a} vs {b}:", *(lines or ["same code, config, data and reward"])]))
+
+
 ckpt_app = typer.Typer(no_args_is_help=True, help="Checkpoints: can one be resumed or served.")
 app.add_typer(ckpt_app, name="ckpt")
 

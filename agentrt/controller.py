@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import torch
+import yaml
 
 from agentrt.config import (ExportConfig, GuardsConfig, PolicyConfig, RuntimeConfig,
                             SamplingConfig)
 from agentrt.engine import Completion
-from agentrt.exporters import Exporters
+from agentrt.exporters import Exporters, code_version
 from agentrt.guards import RunGuard
 from agentrt.objectives import learn
 from agentrt.plot import plot_metrics
@@ -41,6 +42,7 @@ from agentrt.ray_pool import PolicyPool
 from agentrt.progress import StepProgress
 from agentrt.run import RunDir, Timer, rng_state, set_rng_state
 from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunnerConfig, RunResult
+from agentrt.versions import VersionBook
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +139,8 @@ class Controller:
         self.run_dir = run_dir
         self.export = export
         self.exporters = Exporters(None, run_dir.path)
+        self.version_book: VersionBook | None = None  # set by run()
+        self.last_metrics: dict[str, Any] = {}
         self.preference_pairs = preference_pairs
         self.guard = RunGuard(guards or GuardsConfig())
         self.cfgs = {p.id: p for p in policies}
@@ -204,7 +208,10 @@ class Controller:
         self.pool_of(pid).end_sft(adapter=pid)
 
     def snapshot(self, pid: str, tag: str | int) -> str:
-        return self.pool_of(pid).snapshot(pid, str(tag))
+        key = self.pool_of(pid).snapshot(pid, str(tag))
+        if self.version_book is not None:
+            self.version_book.snapshot(key, pid, self.pool_of(pid).version_of(pid), self.step)
+        return key
 
     def drop_snapshot(self, key: str) -> None:
         self.pool_of(key).drop_snapshot(key)
@@ -226,6 +233,8 @@ class Controller:
         self.run_dir.write_config(work.config_text())
         # the saved (secret-free) config is what MLflow records
         self.exporters = Exporters(self.export, self.run_dir.path, work.config_text())
+        self.version_book = VersionBook(self.run_dir.path,
+                                        yaml.safe_load(work.config_text()) or {}, code_version())
         finished = False
         try:
             work.start(self)
@@ -274,6 +283,7 @@ class Controller:
         metrics |= self.timer.pop()
         self.run_dir.log_metrics(step, metrics)
         self.exporters.emit(step, metrics)
+        self.last_metrics = metrics
         bar.update(step, metrics)
         if step % work.checkpoint_every == 0 or step == work.steps:
             self.save(work)
@@ -291,6 +301,7 @@ class Controller:
         metrics |= work.evaluate(self) | self.timer.pop()
         self.run_dir.log_metrics(0, metrics)
         self.exporters.emit(0, metrics)
+        self.last_metrics = metrics
         self.save(work)
         return metrics
 
@@ -304,6 +315,9 @@ class Controller:
         self.guard.check_state(self.step, state)  # never a checkpoint with NaN weights
         self.run_dir.save_checkpoint(self.step, state, work.checkpoint_keep)
         self.guard.saved(self.step)
+        if self.version_book is not None:  # after the checkpoint: a record names a saved version
+            self.version_book.checkpointed(self.step, {p: self.pool_of(p).version_of(p)
+                                                   for p in self.learners()}, self.last_metrics)
 
     def _resume(self, work: Workload) -> bool:
         found = self.run_dir.load_latest()  # a damaged newest one: a warning, the one before
