@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agentrt.checkpoint import sha256_of
 from agentrt.errors import ConfigError
 from agentrt.identity import differences, read_identity
 from agentrt.registry import import_callable
@@ -41,14 +42,6 @@ def source_sha(obj: Any) -> str | None:
         return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()
     except (OSError, TypeError):
         return None
-
-
-def file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def provenance(config: dict[str, Any], base: Path) -> dict[str, Any]:
@@ -68,7 +61,7 @@ def provenance(config: dict[str, Any], base: Path) -> dict[str, Any]:
     path = (config.get("data") or {}).get("path")
     if path:
         p = Path(path) if Path(path).is_absolute() else base / path
-        data["file"] = {"path": str(path), "sha256": file_sha(p) if p.is_file() else None}
+        data["file"] = {"path": str(path), "sha256": sha256_of(p) if p.is_file() else None}
     for env in config.get("envs") or []:  # leagues: the env's own rewards
         from agentrt.envs.registration import ENVS
 
