@@ -89,6 +89,9 @@ class RunDir:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise RunFolderError(f"run_dir {self.path} is a file, not a folder; give a folder "
+                                 "(it is created if missing)")
         self.path.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir = self.path / "checkpoints"
         self.metrics_path = self.path / "metrics.jsonl"
@@ -248,6 +251,10 @@ def truncate_jsonl(path: Path, after_step: int) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Replaces ``path`` with ``text`` at once; a file that already holds it is left untouched
+    (a resume that fails later must not have changed the folder)."""
+    if path.is_file() and path.read_bytes() == text.encode():
+        return
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)

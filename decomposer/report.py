@@ -18,6 +18,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from agentrt.errors import AgentrtError
 from agentrt.run import atomic_write_text, read_jsonl
 
 
@@ -92,6 +93,9 @@ def write_report(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     chains = read_jsonl(run_dir / "chains.jsonl")
+    if not chains:
+        raise AgentrtError(f"{run_dir / 'chains.jsonl'} holds no readable chain record; give "
+                           "the folder of a decomposer run that played at least one step")
     evals = read_jsonl(run_dir / "eval_chains.jsonl")
     e = html.escape
     parts = [f"<h1>Decomposer run {e(run_dir.name)}</h1>"]
