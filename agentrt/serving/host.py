@@ -7,7 +7,7 @@ requests admitted before the swap are generated with the old version, which stay
 the last of them is answered, and every request admitted after it gets the new one.
 
 Adapters over one base share that base in memory: with the HF backend one peft model holds every
-adapter version as a named adapter (``"<name>@v<n>"``); with vLLM one engine serves them, routed
+adapter version as a named adapter; with vLLM one engine serves them, routed
 per request. A full-weight model's new version is a second module (or engine) while the old one
 drains. Everything that touches a module runs on the batcher's thread, never beside a generate
 call; only a fresh full-weight module is built on the admin request's thread.
@@ -170,6 +170,7 @@ class ModelHost:
         self.backend, self.max_batch, self.vllm_cfg = backend, max_batch, vllm
         self._lock = threading.Lock()
         self._bases: dict[Path, Module] = {}
+        self._adapters = 0
         ranks: dict[Path, int] = {}
         for s in sources:
             if s.base is not None:
@@ -195,7 +196,8 @@ class ModelHost:
             version = Version(s.name, number, s, module, None)
         else:
             module = self._base(s.base)
-            key = f"{s.name}@v{number}"
+            self._adapters += 1  # peft adapter names may not hold '.'; served names may
+            key = f"served{self._adapters}"
             module.add_adapter(key, s.path)
             version = Version(s.name, number, s, module, key)
         module.users += 1

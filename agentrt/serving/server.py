@@ -29,6 +29,7 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise AgentrtError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another "
                            "--port (0: any free port)") from None
+    sock.listen(2048)  # connections queue from now on, before uvicorn starts (uvicorn's backlog)
     return sock
 
 
