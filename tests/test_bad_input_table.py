@@ -15,7 +15,6 @@ import hashlib
 import os
 import shutil
 import sqlite3
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -191,7 +190,7 @@ def test_bad_config(name: str, tmp_path: Path, monkeypatch, capsys) -> None:
     path.write_bytes(text if text is not None else yaml.safe_dump(data).encode())
     monkeypatch.chdir(tmp_path)
     before = snapshot(tmp_path)
-    args = [*COMMAND[kind], path, *extra, "--set", f"run_dir={tmp_path / 'run'}"]
+    args = [*COMMAND[kind], str(path), *extra, "--set", f"run_dir={tmp_path / 'run'}"]
     assert_one_line(*run_cli(monkeypatch, capsys, *args), expected)
     assert snapshot(tmp_path) == before
 
