@@ -168,7 +168,7 @@ def tournament_report(run_dir: Path = typer.Argument(..., help="A tournament run
     if not (run_dir / "matches.sqlite").is_file():
         raise AgentrtError(f"{run_dir} has no matches.sqlite; is it a tournament run folder?")
     try:
-        typer.echo(f"report: {write_report(MatchStore(run_dir))}")
+        typer.echo(f"report: {write_report(MatchStore(run_dir, readonly=True))}")
     except sqlite3.DatabaseError as exc:
         raise AgentrtError(f"{run_dir / 'matches.sqlite'} cannot be read ({exc}); is it a "
                            "tournament run's match database?") from None

@@ -56,13 +56,33 @@ def run_identity(config: dict[str, Any]) -> dict[str, Any]:
             "agentrt": __version__, "fields": shown}
 
 
-def read_identity(folder: Path) -> dict[str, Any] | None:
-    """The identity ``folder`` records (None: none, or unreadable)."""
-    try:
-        found = json.loads((folder / IDENTITY).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+def read_identity(folder: Path, strict: bool = False) -> dict[str, Any] | None:
+    """The identity ``folder`` records (None: none).
+
+    Raises:
+        RunFolderError: ``strict`` and ``run.json`` exists but cannot be read as an identity
+            (the folder holds some run, which one is unknown: nothing may be assumed).
+    """
+    path = folder / IDENTITY
+    if not path.exists():
         return None
-    return found if isinstance(found, dict) and isinstance(found.get("fields"), dict) else None
+    why = None
+    try:
+        found = json.loads(path.read_text())
+    except IsADirectoryError:
+        why, found = "is a directory", None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        why, found = f"is not readable JSON ({type(exc).__name__})", None
+    if why is None and not (isinstance(found, dict) and isinstance(found.get("fields"), dict)
+                            and isinstance(found.get("config_sha256"), str)):
+        why = "does not hold a run identity"
+    if why is None:
+        return found
+    if strict:
+        raise RunFolderError(f"{path} {why}, so which run {folder} holds is unknown; pass "
+                             "--new-run to start over in it or --resume force to continue it "
+                             "with this config")
+    return None
 
 
 def differences(old: dict[str, Any], new: dict[str, Any], limit: int = 6) -> str:

@@ -124,7 +124,10 @@ class RunDir:
         return run
 
     def _claim(self, identity: dict[str, Any], start: str, outputs: tuple[str, ...]) -> None:
-        held = read_identity(self.path)
+        held = None if start == "new" else read_identity(self.path, strict=start == "auto")
+        if (self.path / IDENTITY).is_dir() and start == "force":
+            raise RunFolderError(f"{self.path / IDENTITY} is a directory; remove it or pass "
+                                 "--new-run to start over")
         if start == "new":
             removed = self.remove(outputs)
             if removed:

@@ -197,9 +197,8 @@ def test_bad_config(name: str, tmp_path: Path, monkeypatch, capsys) -> None:
 
 def test_counts(capsys) -> None:
     with capsys.disabled():
-        print(f"\n{len(CONFIGS) + len(RAW)} bad configs, {len(STATES) - len(KNOWN_GAPS)} "
-              f"corrupt states ({len(KNOWN_GAPS)} known gaps xfail)")
-    assert len(CONFIGS) + len(RAW) >= 100 and len(STATES) - len(KNOWN_GAPS) >= 22
+        print(f"\n{len(CONFIGS) + len(RAW)} bad configs, {len(STATES)} corrupt states")
+    assert len(CONFIGS) + len(RAW) >= 100 and len(STATES) >= 25
 
 
 
@@ -272,6 +271,16 @@ def _other_seed(run: Path) -> None:
                                                                                "seed: 5", 1))
 
 
+def _db(damage: Callable[[Path], None]) -> Callable[[Path], None]:
+    """``damage`` to matches.sqlite with its write-ahead log gone: while matches.sqlite-wal holds
+    every page, SQLite reads them from there and the main file's bytes do not matter."""
+    def change(run: Path) -> None:
+        for suffix in ("-wal", "-shm"):
+            (run / f"matches.sqlite{suffix}").unlink(missing_ok=True)
+        damage(run)
+    return change
+
+
 def _empty_db(run: Path) -> None:
     (run / "matches.sqlite").unlink()
     with sqlite3.connect(run / "matches.sqlite") as db:
@@ -304,16 +313,16 @@ STATES: dict[str, tuple[str, Callable[[Path], None], str, str]] = {
                                 "is a directory, not a config file"),
     "check_config_empty": ("train", _write("config.yaml", b"\n"), "check-config {cfg}",
                            "is empty"),
-    "league_matches_garbage": ("league", _write("matches.sqlite", b"not a db" * 200),
+    "league_matches_garbage": ("league", _db(_write("matches.sqlite", b"not a db" * 200)),
                                "tournament run {cfg}", "matches.sqlite"),
     "league_state_truncated": ("league", _truncate(CKPT + "state.pt"), "tournament run {cfg}",
                                "no good checkpoint"),
     "league_run_json_garbage": ("league", _write("run.json", b"{"), "tournament eval {cfg}",
                                 "run.json"),
     "league_locked": ("league", lambda run: None, "tournament eval {cfg} LOCK", "in use"),
-    "report_matches_zeros": ("league", _zeros("matches.sqlite"), "tournament report {run}",
+    "report_matches_zeros": ("league", _db(_zeros("matches.sqlite")), "tournament report {run}",
                              "cannot be read"),
-    "report_matches_truncated": ("league", _truncate("matches.sqlite"),
+    "report_matches_truncated": ("league", _db(_truncate("matches.sqlite")),
                                  "tournament report {run}", "cannot be read"),
     "report_matches_dir": ("league", _remove("matches.sqlite", make_dir=True),
                            "tournament report {run}", "matches.sqlite"),
@@ -338,16 +347,7 @@ STATES: dict[str, tuple[str, Callable[[Path], None], str, str]] = {
 }
 
 
-# Not fixed yet (a rerun with an unreadable run.json starts as if the folder held no run; a
-# damaged matches.sqlite is read as an empty one; a league resume touches matches.sqlite-shm
-# before it finds no good checkpoint): kept here so that the fix turns them green.
-KNOWN_GAPS = {"train_run_json_garbage", "train_run_json_list", "train_run_json_dir",
-              "league_run_json_garbage", "league_matches_garbage", "report_matches_zeros",
-              "report_matches_truncated", "report_matches_no_table", "league_state_truncated"}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    strict=False, reason="known gap")) if n in KNOWN_GAPS else n for n in sorted(STATES)])
+@pytest.mark.parametrize("name", sorted(STATES))
 def test_corrupt_state(name: str, runs: dict[str, Path], tmp_path: Path, monkeypatch,
                        capsys) -> None:
     source, damage, line, expected = STATES[name]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from agentrt.tournaments.ratings import WinMatrix
-from agentrt.tournaments.types import Match, MatchResult, Player
+from agentrt.tournaments.types import Match, MatchResult, Player, TournamentError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS matches (
@@ -53,25 +53,71 @@ CREATE INDEX IF NOT EXISTS matches_by_step ON matches(step);
 """
 
 
+def _check_header(path: Path) -> None:
+    """Raises sqlite3.DatabaseError unless ``path`` starts with an SQLite header and, with no
+    write-ahead log to supply pages, holds as many pages as the header says."""
+    with open(path, "rb") as f:
+        head = f.read(100)
+    if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
+        raise sqlite3.DatabaseError("not an SQLite database (no SQLite header)")
+    page = int.from_bytes(head[16:18], "big")
+    expected = (65536 if page == 1 else page) * int.from_bytes(head[28:32], "big")
+    wal = path.with_name(path.name + "-wal")
+    size = path.stat().st_size
+    if size < expected and not (wal.is_file() and wal.stat().st_size > 0):
+        raise sqlite3.DatabaseError(f"truncated: {size} of {expected} bytes")
+
+
 class MatchStore:
     """SQLite store of match records.
 
     Args:
         path: The database file, or a run folder (then ``<folder>/matches.sqlite``).
+        readonly: Open an existing database without writing to it (reports).
+
+    Raises:
+        TournamentError: an existing file is not an intact match database (one line).
     """
 
     FILENAME = "matches.sqlite"
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, readonly: bool = False) -> None:
         path = Path(path)
         if path.is_dir() or not path.suffix:
-            path.mkdir(parents=True, exist_ok=True)
+            if not readonly:
+                path.mkdir(parents=True, exist_ok=True)
             path = path / self.FILENAME
         self.path = path
-        self._conn = sqlite3.connect(str(path), isolation_level=None)  # explicit transactions
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA foreign_keys=ON")
-        self._conn.executescript(_SCHEMA)
+        existed = path.is_file() and path.stat().st_size > 0
+        try:
+            if existed:
+                _check_header(path)  # before SQLite opens it (and makes -wal/-shm files)
+            if readonly:
+                self._conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+                                             isolation_level=None)
+            else:
+                self._conn = sqlite3.connect(str(path), isolation_level=None)  # transactions
+            if existed:  # another file, or a damaged one: refused before anything is written
+                self._check()
+            if not readonly:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute("PRAGMA foreign_keys=ON")
+                self._conn.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            if hasattr(self, "_conn"):
+                self._conn.close()
+            raise TournamentError(f"{path} cannot be read as a match database ({exc}); move "
+                                  "it away, or pass --new-run to start the run over") from None
+
+    def _check(self) -> None:
+        """The open database passes SQLite's quick check and has the match tables."""
+        ok = self._conn.execute("PRAGMA quick_check").fetchone()
+        if not ok or ok[0] != "ok":
+            raise sqlite3.DatabaseError(f"integrity check: {ok[0] if ok else 'no answer'}")
+        tables = {n for (n,) in self._conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not {"matches", "seats"} <= tables:
+            raise sqlite3.DatabaseError("no matches and seats tables")
 
     def close(self) -> None:
         self._conn.close()

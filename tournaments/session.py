@@ -59,11 +59,17 @@ class Tournament:
         self.scheduler = build_scheduler(schedule, entrants, envs, seed, seats)
         self.ratings = OpenSkillRatings(rating_model)
         self.elo = EloRatings()
-        self.store = MatchStore(self.run_dir)
-        self.step = 0
+        self._store: MatchStore | None = None  # opened on first use: a resume that finds no
+        self.step = 0                           # good checkpoint leaves the database untouched
         self.games = 0
         self._rated_through = -1  # stored matches of steps <= this are already in the ratings
         self._fed: set[str] = set()  # match ids fed to the ratings since then
+
+    @property
+    def store(self) -> MatchStore:
+        if self._store is None:
+            self._store = MatchStore(self.run_dir)
+        return self._store
 
     # ---- the loop ------------------------------------------------------------------------
     def next_matches(self, n: int) -> list[Match]:
@@ -159,7 +165,9 @@ class Tournament:
             self.store.truncate_after(self.step)
 
     def close(self) -> None:
-        self.store.close()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
     def __enter__(self) -> Tournament:
         return self
