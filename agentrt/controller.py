@@ -40,6 +40,7 @@ from agentrt.plot import plot_metrics
 from agentrt.pool import BasePool, LocalPool
 from agentrt.ray_pool import PolicyPool
 from agentrt.progress import StepProgress
+from agentrt.identity import RunFolderError
 from agentrt.run import RunDir, Timer, rng_state, set_rng_state
 from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunnerConfig, RunResult
 from agentrt.versions import VersionBook
@@ -327,7 +328,17 @@ class Controller:
         self.step = int(state["step"])
         set_rng_state(state["rng"])  # first: the pools' own RNG states (they sampled) win
         for pool in self.pools:
-            pool.load_state_dict(state["pools"][pool.cfg.id])  # also syncs the rollout engines
+            if pool.cfg.id not in state["pools"]:
+                raise RunFolderError(f"{ckpt} holds no policy {pool.cfg.id!r} (it holds "
+                                     f"{', '.join(state['pools'])}); {_CHECK_IT}")
+            try:
+                pool.load_state_dict(state["pools"][pool.cfg.id])  # also syncs the rollouts
+            except Exception as exc:  # noqa: BLE001 - a Ray actor wraps the torch error
+                mismatch = _size_mismatch(str(exc))
+                if mismatch is None:
+                    raise
+                raise RunFolderError(f"{ckpt} does not fit policy {pool.cfg.id!r} of this "
+                                     f"config ({mismatch}); {_CHECK_IT}") from None
         work.load_state_dict(state["workload"])
         self.run_dir.truncate_metrics(self.step)
         self.guard.saved(self.step)
@@ -341,6 +352,21 @@ class Controller:
             pool.shutdown()
         self.pools = []
         self.run_dir.close()  # the folder's lock
+
+
+_CHECK_IT = ("`agentrt ckpt check RUN_DIR --against CONFIG` names every difference; pass "
+             "--new-run to start over")
+
+
+def _size_mismatch(message: str) -> str | None:
+    """The first 'size mismatch for <weight>: ...' of a torch load error, shortened."""
+    for line in message.splitlines():
+        line = line.strip()
+        if line.startswith("size mismatch for "):
+            return line.replace("copying a param with shape torch.Size(", "").replace(
+                ") from checkpoint, the shape in current model is torch.Size(", " in the "
+                "checkpoint, ").rstrip(".").removesuffix(")") + " in this config"
+    return None
 
 
 def greedy(sampling: SamplingConfig) -> SamplingConfig:

@@ -101,3 +101,18 @@ def test_other_policies_and_damage(runs) -> None:
     assert proc.returncode == 1 and "cannot be loaded:" in proc.stdout, proc.stdout
     bad = cli("ckpt", "check", str(runs["tmp"] / "nothing"))
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1
+
+
+def test_a_forced_resume_with_another_architecture_is_one_line(runs) -> None:
+    """--resume force takes another config's identity, but weights that do not fit are refused
+    with the first differing weight, not a torch traceback."""
+    run = runs["tmp"] / "forced"
+    shutil.copytree(runs["tmp"] / "full", run)
+    nano = config(runs["tmp"], "forced", model={"preset": "llama-nano"})
+    proc = cli("tournament", "run", str(nano), "--resume", "force",
+               *[a for s in SHORT for a in ("--set", s)], "--set", "train.steps=2")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    errors = [x for x in proc.stderr.splitlines() if not x.startswith("WARNING ")]
+    assert len(errors) == 1 and errors[0].startswith("error: "), proc.stderr[-2000:]
+    assert "does not fit policy 'lm' of this config (size mismatch for model.embed_tokens" \
+           ".weight: [259, 128] in the checkpoint, [259, 64] in this config)" in proc.stderr
