@@ -18,6 +18,7 @@ import torch
 
 from agentrt.config import TrainConfig, dump_config
 from agentrt.controller import Controller, greedy, set_threads
+from agentrt.episodes import EPISODES, EpisodeLog, step_episodes
 from agentrt.policies.lm import LMPolicy, PromptTemplate
 from agentrt.rewards import exact_match, resolve_reward
 from agentrt.run import RunDir, seed_everything
@@ -98,7 +99,7 @@ class PromptWorkload:
     """Prompts of a task (or rows of a preference data set) for one policy."""
 
     label = "train"
-    outputs = ("final_model",)  # besides RunDir.outputs
+    outputs = ("final_model", f"{EPISODES}*")  # besides RunDir.outputs (and the log journal)
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
@@ -185,7 +186,13 @@ class PromptWorkload:
         return None
 
     def record(self, played: RunResult, step: int) -> dict[str, float]:
-        return rollout_metrics(played) if played.trajectories else {}
+        if not played.trajectories:
+            return {}
+        # The episode log (agentrt.episodes): this step's rows replace any a killed run wrote.
+        sampling = self.cfg.policy.rollout.sampling.model_dump(mode="json")
+        EpisodeLog(self.cfg.run_dir).append_step(
+            step, step_episodes(played, step, sampling, self.tokenizer))
+        return rollout_metrics(played)
 
     def training_data(self, played: RunResult, step: int) -> dict[str, Any]:
         if self.offline:

@@ -1,0 +1,172 @@
+"""The episode log: one row per trained episode of ``agentrt train``, under a stable id.
+
+``<run_dir>/episodes.sqlite`` holds table ``episodes``, one row per episode a step trained on:
+
+- ``id``: ``s<step>-<index>`` (:func:`episode_id`; ``index`` is the episode's position in the
+  step's episode list), so a resumed run that replays a step writes the same ids;
+- ``step``, ``idx``, ``policy_id``, ``policy_version`` (the weights that sampled it);
+- ``prompt``, ``response`` (decoded texts), ``prompt_ids``, ``response_ids``, ``logprobs``
+  (the rollout's log-probs of the response tokens, as sampled), JSON lists;
+- ``reward``, ``info`` (the example's info the reward saw, e.g. its answer), ``sampling`` (the
+  sampling settings), ``finished`` (stopped on eos), ``group_id``.
+
+Writes: :meth:`EpisodeLog.append_step` writes a step's rows in one SQLite transaction and drops
+the rows of that step and of every later one first. Steps run in order, so the first step a
+resumed process writes removes what the killed process wrote after its checkpoint, and a kill
+-9 at any moment leaves whole steps (SQLite's journal rolls back a cut transaction). Reads open
+the file read-only. Other records (late feedback of the online issue) key on ``id``; a replayed
+step replaces its episodes (same ids, new responses), so such a record belongs to the episode
+only if it was written after the step's checkpoint.
+
+Size: no bound (``checkpoint.keep`` bounds weights, not this): about 0.5 KB per episode of a
+short task (ids and log-probs as JSON text), e.g. 100 steps of 256 episodes ~ 13 MB.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from agentrt.errors import AgentrtError
+
+EPISODES = "episodes.sqlite"
+_LISTS = ("prompt_ids", "response_ids", "logprobs")
+_DICTS = ("info", "sampling")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS episodes (
+    id TEXT PRIMARY KEY, step INTEGER NOT NULL, idx INTEGER NOT NULL, policy_id TEXT NOT NULL,
+    policy_version INTEGER NOT NULL, prompt TEXT NOT NULL, response TEXT NOT NULL,
+    prompt_ids TEXT NOT NULL, response_ids TEXT NOT NULL, logprobs TEXT NOT NULL,
+    reward REAL NOT NULL, info TEXT NOT NULL, sampling TEXT NOT NULL, finished INTEGER NOT NULL,
+    group_id TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS episodes_step ON episodes (step);
+"""
+
+
+def episode_id(step: int, index: int) -> str:
+    """The stable id of the ``index``-th episode of ``step``: ``s<step>-<index>``."""
+    return f"s{step}-{index}"
+
+
+@dataclass
+class Episode:
+    """One logged episode (see the module docstring for the fields)."""
+
+    id: str
+    step: int
+    idx: int
+    policy_id: str
+    policy_version: int
+    prompt: str
+    response: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    reward: float
+    info: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    finished: bool = True
+    group_id: str = ""
+
+    def row(self) -> dict[str, Any]:
+        out = asdict(self)
+        for key in (*_LISTS, *_DICTS):
+            out[key] = json.dumps(out[key])
+        out["finished"] = int(self.finished)
+        return out
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Episode:
+        data = dict(row)
+        for key in (*_LISTS, *_DICTS):
+            data[key] = json.loads(data[key])
+        data["finished"] = bool(data["finished"])
+        return cls(**data)
+
+
+class EpisodeLog:
+    """``<run_dir>/episodes.sqlite``: append a step's rows, get one by id, iterate.
+
+    Each call opens and closes its own connection (a step's write is one transaction; nothing
+    stays open across the loop, a kill, or a fork)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / EPISODES
+
+    def _connect(self, write: bool) -> sqlite3.Connection:
+        if write:
+            conn = sqlite3.connect(self.path, timeout=30)
+            conn.executescript(_SCHEMA)
+        else:
+            if not self.path.is_file():
+                raise AgentrtError(f"{self.path.parent} has no {EPISODES}; only episodes "
+                                   "trained by agentrt train are logged")
+            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def append_step(self, step: int, episodes: list[Episode]) -> None:
+        """Writes ``step``'s episodes in one transaction, replacing the rows of this step and
+        of every later step (a resumed run replays them)."""
+        conn = self._connect(write=True)
+        try:
+            with conn:
+                conn.execute("DELETE FROM episodes WHERE step >= ?", (step,))
+                rows = [e.row() for e in episodes]
+                if rows:
+                    names = list(rows[0])
+                    conn.executemany(
+                        f"INSERT INTO episodes ({', '.join(names)}) VALUES "
+                        f"({', '.join(':' + n for n in names)})", rows)
+        finally:
+            conn.close()
+
+    def get(self, eid: str) -> Episode | None:
+        """The episode with id ``eid`` (None: no such episode)."""
+        conn = self._connect(write=False)
+        try:
+            row = conn.execute("SELECT * FROM episodes WHERE id = ?", (eid,)).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise AgentrtError(f"{self.path} cannot be read ({exc})") from None
+        finally:
+            conn.close()
+        return None if row is None else Episode.from_row(row)
+
+    def __iter__(self) -> Iterator[Episode]:
+        """Every episode, by step then index."""
+        yield from self.rows()
+
+    def rows(self, step: int | None = None) -> Iterator[Episode]:
+        """The episodes of ``step`` (None: all), by step then index."""
+        conn = self._connect(write=False)
+        try:
+            where, args = ("WHERE step = ?", (step,)) if step is not None else ("", ())
+            for row in conn.execute(f"SELECT * FROM episodes {where} ORDER BY step, idx", args):
+                yield Episode.from_row(row)
+        finally:
+            conn.close()
+
+
+def step_episodes(played: Any, step: int, sampling: dict[str, Any], tokenizer: Any
+                  ) -> list[Episode]:
+    """The trained episodes of one step's :class:`~agentrt.runner.core.RunResult` of one-turn
+    episodes, indexed by their position in the step's episode list; the prompt text is its ids
+    decoded (special tokens left out), the response the text the env saw."""
+    index = {r.episode_id: i for i, r in enumerate(played.episodes)}
+    out = []
+    for traj in played.trajectories:
+        turn = traj.turns[0]
+        i = index[traj.episode_id]
+        info = {k: v for k, v in traj.info.get("final_info", {}).items()
+                if k not in ("reward_errors", "invalid_action")}
+        out.append(Episode(
+            id=episode_id(step, i), step=step, idx=i, policy_id=turn.policy_id,
+            policy_version=turn.policy_version, prompt=tokenizer.decode(turn.prompt_ids, skip_special_tokens=True),
+            response=str(turn.info.get("action", "")), prompt_ids=list(turn.prompt_ids),
+            response_ids=list(turn.response_ids), logprobs=[float(x) for x in turn.logprobs],
+            reward=float(traj.reward), info=info, sampling=dict(sampling),
+            finished=bool(turn.finished), group_id=traj.group_id))
+    return sorted(out, key=lambda e: e.idx)

@@ -1,0 +1,109 @@
+"""The episode log (agentrt.episodes): every trained episode of ``agentrt train`` has a row under
+a stable id; a run killed after a step past its checkpoint and resumed ends with exactly the rows
+of an uninterrupted run (same ids, prompts, responses, rewards, log-probs), none twice, and a
+SIGKILL'd process leaves whole steps only. Real runs of llama-nano, in-process (the CLI adds
+nothing here) except the SIGKILL, which needs a process to kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agentrt.config import validate_config
+from agentrt.episodes import EPISODES, Episode, EpisodeLog, episode_id
+from agentrt.trainer import Trainer
+
+PROMPTS, GROUP = 2, 2
+
+
+@pytest.fixture(scope="module")
+def nano_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from agentrt.policies import build_model
+
+    return build_model(tmp_path_factory.mktemp("models") / "nano", "llama-nano", seed=0)
+
+
+def config(run_dir: Path, model_dir: Path, steps: int) -> dict[str, Any]:
+    return {"seed": 0, "run_dir": str(run_dir), "progress": False, "threads": 1,
+            "task": {"name": "arithmetic", "train_size": 32, "eval_size": 4},
+            "policy": {"id": "arith", "model": {"path": str(model_dir)},
+                       "rollout": {"sampling": {"max_new_tokens": 3, "temperature": 0.9}}},
+            "train": {"steps": steps, "prompts_per_step": PROMPTS, "group_size": GROUP},
+            "eval": {"every": 100}, "checkpoint": {"every": 2, "keep": 5}}
+
+
+def rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [vars(e) for e in EpisodeLog(run_dir)]
+
+
+def test_rows_hold_each_trained_episode(tmp_path: Path, nano_dir: Path) -> None:
+    Trainer(validate_config(config(tmp_path / "run", nano_dir, 2))).run()
+    log = EpisodeLog(tmp_path / "run")
+    got = list(log)
+    assert [e.id for e in got] == [episode_id(s, i) for s in (1, 2)
+                                   for i in range(PROMPTS * GROUP)]
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text()
+               .splitlines()]
+    for step in (1, 2):  # the rows are the episodes the step's reward metrics came from
+        mean = sum(e.reward for e in got if e.step == step) / (PROMPTS * GROUP)
+        assert mean == pytest.approx(next(m for m in metrics if m["step"] == step)["reward/mean"])
+    e = log.get("s2-3")
+    assert e is not None and e.step == 2 and e.idx == 3 and e.policy_id == "arith"
+    assert e.policy_version == 1  # step 2 samples with the weights of one update
+    assert len(e.response_ids) == len(e.logprobs) >= 1 and all(lp <= 0 for lp in e.logprobs)
+    assert e.prompt.endswith("=") and e.info["answer"] == str(eval(e.prompt[:-1]))
+    assert e.sampling["temperature"] == 0.9 and e.sampling["max_new_tokens"] == 3
+    assert log.get("s9-0") is None and [x.id for x in log.rows(step=1)][:1] == ["s1-0"]
+
+
+def test_resume_replaces_rows_after_the_checkpoint(tmp_path: Path, nano_dir: Path) -> None:
+    Trainer(validate_config(config(tmp_path / "straight", nano_dir, 4))).run()
+    cfg = validate_config(config(tmp_path / "killed", nano_dir, 4))
+    Trainer(cfg).run(stop_after=3)  # checkpoint at step 2; step 3's rows are written
+    killed = rows(tmp_path / "killed")
+    assert max(r["step"] for r in killed) == 3
+    # a row a killed run wrote past its checkpoint, of a step the resumed run never replays
+    stale = Episode(**{**killed[-1], "id": "s7-0", "step": 7})
+    conn = sqlite3.connect(tmp_path / "killed" / EPISODES)
+    with conn:
+        conn.execute(f"INSERT INTO episodes ({', '.join(stale.row())}) VALUES "
+                     f"({', '.join('?' * len(stale.row()))})", list(stale.row().values()))
+    conn.close()
+    Trainer(cfg).run()  # resumes from step 2, replays 3 and 4
+    assert rows(tmp_path / "killed") == rows(tmp_path / "straight")
+
+
+def test_sigkill_leaves_whole_steps_and_resume_completes(tmp_path: Path,
+                                                         nano_dir: Path) -> None:
+    steps = 12
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config(tmp_path / "run", nano_dir, steps)))
+    cmd = [sys.executable, "-m", "agentrt.cli", "train", str(tmp_path / "c.yaml")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    path = tmp_path / "run" / EPISODES
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:  # kill after a few steps
+        if path.is_file() and len({r["step"] for r in rows(tmp_path / "run")}) >= 5:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    left = rows(tmp_path / "run")
+    counts = {s: sum(r["step"] == s for r in left) for s in {r["step"] for r in left}}
+    assert set(counts.values()) == {PROMPTS * GROUP} and sorted(counts) == list(
+        range(1, max(counts) + 1))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ids = [r["id"] for r in rows(tmp_path / "run")]
+    assert ids == [episode_id(s, i) for s in range(1, steps + 1)
+                   for i in range(PROMPTS * GROUP)]
