@@ -43,6 +43,8 @@ from agentrt.progress import StepProgress
 from agentrt.identity import RunFolderError
 from agentrt.run import RunDir, Timer, rng_state, set_rng_state
 from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunnerConfig, RunResult
+from agentrt.threads import ThreadTuner, forward_probe, threads_auto
+from agentrt.threads import set_threads  # noqa: F401 - the commands set threads from here
 from agentrt.versions import VersionBook
 
 log = logging.getLogger(__name__)
@@ -156,6 +158,7 @@ class Controller:
         self._executor = ThreadPoolExecutor(max_workers=max(1, len(self.pools)))
         self.timer = Timer()
         self.step = 0
+        self.tuner: ThreadTuner | None = None
 
     # ------------------------------------------------------------------ routing
     def pool_of(self, key: str) -> BasePool:
@@ -239,6 +242,7 @@ class Controller:
         finished = False
         try:
             work.start(self)
+            self._tune_threads()
             last = {} if self._resume(work) else self._warm_start(work)
             bar = StepProgress(work.steps, enabled=work.progress, start=self.step,
                                label=work.label)
@@ -267,6 +271,8 @@ class Controller:
 
     def _iteration(self, work: Workload, bar: StepProgress) -> dict[str, float]:
         step = self.step + 1
+        if self.tuner is not None:
+            self.tuner.maybe_tune(step)
         with self.timer("rollout"):
             specs = work.next_episodes(step)
             played = self.play(work, specs) if specs else RunResult([], [], {})
@@ -281,7 +287,7 @@ class Controller:
         metrics |= work.after_step(self, step)
         if step % work.eval_every == 0 or step == work.steps:
             metrics |= work.evaluate(self)
-        metrics |= self.timer.pop()
+        metrics |= self.timer.pop() | {"perf/threads": float(torch.get_num_threads())}
         self.run_dir.log_metrics(step, metrics)
         self.exporters.emit(step, metrics)
         self.last_metrics = metrics
@@ -289,6 +295,18 @@ class Controller:
         if step % work.checkpoint_every == 0 or step == work.steps:
             self.save(work)
         return metrics
+
+    def _tune_threads(self) -> None:
+        """With ``threads`` unset, the fastest thread count for the first in-process policy's
+        forward pass, checked again every 25 steps (:mod:`agentrt.threads`). Ray workers use
+        ``runtime.resources.cpus_per_worker`` threads and are not tuned."""
+        local = [p for p in self.pools if isinstance(p, LocalPool)]
+        if not threads_auto() or not local:
+            return
+        engine = local[0].engine
+        probe = forward_probe(engine.model, len(local[0].tokenizer))
+        self.tuner = ThreadTuner(probe)
+        self.tuner.tune()
 
     def learners(self) -> list[str]:
         """Ids of the trainable policies (metrics get an ``@<id>`` suffix when several)."""
@@ -371,8 +389,3 @@ def _size_mismatch(message: str) -> str | None:
 
 def greedy(sampling: SamplingConfig) -> SamplingConfig:
     return sampling.model_copy(update={"temperature": 0.0})
-
-
-def set_threads(threads: int | None) -> None:
-    if threads:
-        torch.set_num_threads(threads)

@@ -1,0 +1,90 @@
+"""The default thread count: tuned on the policy's own forward pass, pinned by ``threads: N``."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from agentrt.config import validate_config
+from agentrt.threads import ThreadTuner, candidates, forward_probe, usable_cpus
+from agentrt.trainer import Trainer
+from test_trainer import rows, small_config  # also registers the test rewards
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_usable_cpus_is_within_the_affinity_mask():
+    assert 1 <= usable_cpus() <= len(os.sched_getaffinity(0))
+    assert candidates(1) == [1]
+    assert candidates(2) == [1, 2]
+    assert candidates(16) == [1, 8, 16]
+
+
+@pytest.mark.parametrize("slow", [1, 2])
+def test_tuner_keeps_the_faster_count(restore_threads, slow):
+    """A probe that is slow on one thread count (as a contended core makes it) is not run there."""
+    def probe():
+        time.sleep(0.03 if torch.get_num_threads() == slow else 0.0)
+
+    tuner = ThreadTuner(probe, cpus=2, every=5, rounds=2)
+    assert tuner.tune() == 3 - slow
+    assert torch.get_num_threads() == 3 - slow
+    assert tuner.last[slow] > tuner.last[3 - slow]
+    assert tuner.maybe_tune(4) == 3 - slow  # not a multiple of every: no timing
+
+
+def test_ties_keep_fewer_threads(restore_threads):
+    tuner = ThreadTuner(lambda: time.sleep(0.01), cpus=2, rounds=1)
+    assert tuner.tune() == 1
+
+
+def test_probe_leaves_the_model_and_rng_as_they_were(restore_threads, tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    ThreadTuner(forward_probe(model, 64, batch=2, length=4, decode_steps=2), rounds=1).tune()
+    assert model.training
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_thread_count_does_not_change_a_training_step(restore_threads, tiny_model_dir):
+    """What the tuner may change is only speed: logits and gradients are bit-equal on 1 and 2
+    threads for the model sizes the tests train."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    ids = torch.randint(0, 200, (8, 24), generator=torch.Generator().manual_seed(0))
+    out = []
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        model.zero_grad()
+        logits = model(ids).logits
+        logits.log_softmax(-1).mean().backward()
+        out.append((logits.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    assert torch.equal(out[0][0], out[1][0])
+    assert torch.equal(out[0][1], out[1][1])
+
+
+def test_a_run_without_threads_is_tuned_and_one_with_threads_is_pinned(restore_threads, tmp_path,
+                                                                       tiny_model_dir):
+    auto = Trainer(validate_config(small_config(tmp_path / "auto", tiny_model_dir,
+                                                **{"train.steps": 2})))
+    auto.run()
+    assert auto.controller.tuner is not None and set(auto.controller.tuner.last) == {1, 2}
+    assert [r["perf/threads"] for r in rows(tmp_path / "auto")[1:]] == \
+        [float(auto.controller.tuner.threads)] * 2
+
+    pinned = Trainer(validate_config(small_config(tmp_path / "pinned", tiny_model_dir,
+                                                  **{"train.steps": 2, "threads": 1})))
+    pinned.run()
+    assert pinned.controller.tuner is None
+    assert [r["perf/threads"] for r in rows(tmp_path / "pinned")[1:]] == [1.0, 1.0]
