@@ -321,6 +321,31 @@ def ckpt_check(
         sys.exit(1)
 
 
+@app.command("debug")
+def debug_command(
+    run_dir: Path = typer.Argument(..., help="The run folder of an agentrt train run."),
+    sample: str = typer.Argument(..., help="An episode id of its episode log (s<step>-<index>) "
+                                           "or a JSON file {prompt, response, reward?, info?, "
+                                           "step?}."),
+    reward: Optional[str] = typer.Option(None, "--reward", help="Second reward source to "
+                                         "compare (name or module:fn; default: exact match)."),
+    repeats: int = typer.Option(8, help="Re-scores of the run's reward."),
+    embedder: str = typer.Option("hashing", help="Embedder of the leakage check (hashing, "
+                                                 "minilm)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    imports: Optional[list[str]] = _IMPORT,
+) -> None:
+    """Why is this sample bad: evidence and a verdict per cause (reward, actor drift, prompt
+    leakage); the first line is the verdict (docs/debug.md)."""
+    _setup()
+    import json
+
+    from agentrt.debug import diagnose
+
+    report = diagnose(run_dir, sample, reward, repeats, embedder, tuple(imports or ()))
+    typer.echo(json.dumps(report.to_json(), indent=1) if as_json else report.text())
+
+
 def main() -> None:
     try:
         code = app(standalone_mode=False)  # typer returns 130 after Ctrl-C in this mode

@@ -154,17 +154,22 @@ def step_episodes(played: Any, step: int, sampling: dict[str, Any], tokenizer: A
                   ) -> list[Episode]:
     """The trained episodes of one step's :class:`~agentrt.runner.core.RunResult` of one-turn
     episodes, indexed by their position in the step's episode list; the prompt text is its ids
-    decoded (special tokens left out), the response the text the env saw."""
+    decoded (special tokens left out), the response the text the env saw, the info the
+    example's (a deferred reward's ``reward_info``, else the env's final info)."""
     index = {r.episode_id: i for i, r in enumerate(played.episodes)}
     out = []
     for traj in played.trajectories:
         turn = traj.turns[0]
         i = index[traj.episode_id]
-        info = {k: v for k, v in traj.info.get("final_info", {}).items()
-                if k not in ("reward_errors", "invalid_action")}
+        final = traj.info.get("final_info", {})
+        info = dict(final["reward_info"]) if isinstance(final.get("reward_info"), dict) else \
+            {k: v for k, v in final.items() if k not in ("reward_errors", "invalid_action")}
+        if "answer" in final:  # a deferred reward's info: what the reward saw, and the answer
+            info.setdefault("answer", final["answer"])
         out.append(Episode(
             id=episode_id(step, i), step=step, idx=i, policy_id=turn.policy_id,
-            policy_version=turn.policy_version, prompt=tokenizer.decode(turn.prompt_ids, skip_special_tokens=True),
+            policy_version=turn.policy_version,
+            prompt=tokenizer.decode(turn.prompt_ids, skip_special_tokens=True),
             response=str(turn.info.get("action", "")), prompt_ids=list(turn.prompt_ids),
             response_ids=list(turn.response_ids), logprobs=[float(x) for x in turn.logprobs],
             reward=float(traj.reward), info=info, sampling=dict(sampling),

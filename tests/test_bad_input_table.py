@@ -344,6 +344,23 @@ STATES: dict[str, tuple[str, Callable[[Path], None], str, str]] = {
                                "chains.jsonl"),
     "decompose_report_dir": ("league", lambda run: (run / "chains.jsonl").mkdir(),
                              "decompose report {run}", "chains.jsonl"),
+    "debug_episodes_garbage": ("train", _write("episodes.sqlite", b"not a db" * 200),
+                               "debug {run} s1-0", "cannot be read"),
+    "debug_episodes_missing": ("train", _remove("episodes.sqlite"), "debug {run} s1-0",
+                               "has no episodes.sqlite"),
+    "debug_unknown_episode": ("train", lambda run: None, "debug {run} s9-9",
+                              "no episode 's9-9'"),
+    "debug_sample_garbage": ("train", _write("s.json", b"{prompt"), "debug {run} {run}/s.json",
+                             "not readable JSON"),
+    "debug_sample_no_response": ("train", _write("s.json", b'{"prompt": "1+1="}'),
+                                 "debug {run} {run}/s.json", "response must be a string"),
+    "debug_repeats_one": ("train", lambda run: None, "debug {run} s1-0 --repeats 1",
+                          "--repeats must be at least 2"),
+    "debug_config_garbage": ("train", _write("config.yaml", b"\xff\xfe garbage"),
+                             "debug {run} s1-0", "not a UTF-8 text file"),
+    "debug_no_run_json": ("train", _remove("run.json"), "debug {run} s1-0", "holds no run"),
+    "debug_league_run": ("league", lambda run: None, "debug {run} s1-0",
+                         "not a run of agentrt train"),
 }
 
 

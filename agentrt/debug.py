@@ -1,0 +1,508 @@
+"""``agentrt debug RUN_DIR SAMPLE``: why is this sample bad? Evidence and a verdict per cause.
+
+SAMPLE is an episode id of the run's episode log (:mod:`agentrt.episodes`, e.g. ``s3-5``) or a
+JSON file ``{"prompt", "response", "reward"?, "info"?, "step"?}``. Three causes are checked
+(docs/debug.md):
+
+- **reward**: the sample is re-scored :data:`REPEATS` times with the run's reward (resolved from
+  the saved config): scores that differ = a non-deterministic reward; a re-score that differs
+  from the logged reward; a second source (``--reward module:fn``, default the task's exact
+  match) that differs by more than :data:`DISAGREE`.
+- **actor**: the response's log-prob under each kept checkpoint's weights and under the
+  reference (the warm-started or initial policy), a per-token KL estimate (k1, k3) from it; a
+  mean per-token log-prob that rose by more than :data:`DRIFT_NATS` between two consecutive
+  checkpointed versions = actor drift.
+- **leakage**: the prompt (and the answer) matched exactly and by embedding (cosine at least
+  :data:`COSINE`) against the run's training data (the task's train split) and the FAISS memory
+  banks in the run folder; a prompt in the train and the eval split at once.
+
+:func:`diagnose` returns a :class:`Report`; its ``text()`` starts with one verdict line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentrt.errors import ConfigError
+
+REPEATS = 8  # re-scores of the run's reward
+REWARD_TOL = 1e-6  # scores closer than this are equal
+DISAGREE = 0.5  # a second reward source disagrees when it differs by more than this
+DRIFT_NATS = 1.0  # rise of the mean per-token log-prob between consecutive versions = drift
+COSINE = 0.95  # embedding match: cosine similarity at least this
+MIN_ANSWER_CHARS = 3  # shorter answers ("7") are in any text; they are not matched exactly
+CAUSES = ("reward", "actor", "leakage")
+
+
+@dataclass
+class Sample:
+    """What is debugged: a logged episode or a JSON file's sample."""
+
+    source: str  # the episode id or the JSON file
+    prompt: str
+    response: str
+    reward: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None
+    policy_version: int | None = None
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    trained: bool = False  # an episode the run trained on (its prompt is in the train split)
+
+
+@dataclass
+class Cause:
+    """One cause: ``found`` says whether the evidence points at it."""
+
+    name: str
+    found: bool
+    summary: str
+    evidence: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    run_dir: str
+    sample: Sample
+    causes: list[Cause]
+
+    @property
+    def verdict(self) -> list[str]:
+        return [c.name for c in self.causes if c.found]
+
+    def headline(self) -> str:
+        found = [c for c in self.causes if c.found]
+        if not found:
+            return "verdict: none (no evidence of a bad reward, actor drift or prompt leakage)"
+        return "verdict: " + "; ".join(f"{c.name} ({c.summary})" for c in found)
+
+    def text(self) -> str:
+        s = self.sample
+        lines = [self.headline(),
+                 f"sample {s.source}" + (f" (step {s.step}, policy version {s.policy_version})"
+                                         if s.step is not None else "")
+                 + f": prompt {_clip(s.prompt)} response {_clip(s.response)}"
+                 + (f" reward {s.reward:g}" if s.reward is not None else "")]
+        for c in self.causes:
+            lines.append(f"{c.name}: {'FOUND' if c.found else 'ok'}: {c.summary}")
+            lines += [f"  - {e}" for e in c.evidence]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        sample = {k: v for k, v in asdict(self.sample).items()
+                  if k not in ("prompt_ids", "response_ids", "logprobs")}
+        return {"run_dir": self.run_dir, "verdict": self.verdict, "headline": self.headline(),
+                "sample": sample,
+                "thresholds": {"repeats": REPEATS, "reward_tol": REWARD_TOL,
+                               "disagree": DISAGREE, "drift_nats_per_token": DRIFT_NATS,
+                               "cosine": COSINE},
+                "causes": {c.name: {"found": c.found, "summary": c.summary,
+                                    "evidence": c.evidence, **c.data} for c in self.causes}}
+
+
+def _clip(text: str, n: int = 60) -> str:
+    return json.dumps(text if len(text) <= n else text[:n - 3] + "...")
+
+
+# ----------------------------------------------------------------------------- inputs
+def load_run(run_dir: Path, imports: tuple[str, ...] = ()) -> Any:
+    """The run's config (a :class:`~agentrt.config.TrainConfig`) from its ``config.yaml``,
+    resolved as ``agentrt train`` resolves it (plugins, reward, model folder)."""
+    from agentrt.checks import load_checked
+    from agentrt.config import read_config
+
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir} is not a folder; give the run folder of agentrt train")
+    if not (run_dir / "config.yaml").is_file() or not (run_dir / "run.json").is_file():
+        raise ConfigError(f"{run_dir} holds no run (no config.yaml and run.json); give the "
+                          "run folder of agentrt train")
+    if "task" not in read_config(run_dir / "config.yaml"):
+        raise ConfigError(f"{run_dir} is not a run of agentrt train (its config has no task "
+                          "section); agentrt debug reads those")
+    return load_checked(run_dir / "config.yaml", expect="train", imports=imports)[1]
+
+
+def load_sample(run_dir: Path, spec: str) -> Sample:
+    """An episode id of the run's log, or a JSON file."""
+    path = Path(spec)
+    if spec.endswith(".json") or path.is_file():
+        return _json_sample(path)
+    from agentrt.episodes import EpisodeLog
+
+    ep = EpisodeLog(run_dir).get(spec)
+    if ep is None:
+        raise ConfigError(f"{run_dir} has no episode {spec!r}; give an episode id of its "
+                          "episodes.sqlite (s<step>-<index>) or a JSON file")
+    return Sample(source=ep.id, prompt=ep.prompt, response=ep.response, reward=ep.reward,
+                  info=ep.info, step=ep.step, policy_version=ep.policy_version,
+                  prompt_ids=ep.prompt_ids, response_ids=ep.response_ids, logprobs=ep.logprobs,
+                  trained=True)
+
+
+def _json_sample(path: Path) -> Sample:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"sample file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"sample file {path} is not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"sample file {path} must hold an object with prompt and response")
+    for key in ("prompt", "response"):
+        if not isinstance(data.get(key), str):
+            raise ConfigError(f"sample file {path}: {key} must be a string")
+    reward, info, step = data.get("reward"), data.get("info", {}), data.get("step")
+    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
+        raise ConfigError(f"sample file {path}: reward must be a number")
+    if not isinstance(info, dict):
+        raise ConfigError(f"sample file {path}: info must be an object")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise ConfigError(f"sample file {path}: step must be an integer")
+    unknown = set(data) - {"prompt", "response", "reward", "info", "step"}
+    if unknown:
+        raise ConfigError(f"sample file {path}: unknown field {sorted(unknown)[0]!r}; "
+                          "fields: prompt, response, reward, info, step")
+    return Sample(source=str(path), prompt=data["prompt"], response=data["response"],
+                  reward=None if reward is None else float(reward), info=info, step=step)
+
+
+# ----------------------------------------------------------------------------- reward
+def reward_cause(cfg: Any, s: Sample, second: str | None = None, repeats: int = REPEATS
+                 ) -> Cause:
+    """Re-scores, logged reward, a second source."""
+    from agentrt.rewards import resolve_reward, score
+
+    fn = resolve_reward(cfg.reward)
+    scores, errors = score(fn, [(s.prompt, s.response, dict(s.info))] * repeats)
+    distinct = sorted({round(x, 9) for x in scores})
+    ev = [f"re-scored {repeats} times with {cfg.reward}: {', '.join(f'{x:g}' for x in scores)}"
+          + (f" ({errors} raised or were not finite)" if errors else "")]
+    why = []
+    if max(scores) - min(scores) > REWARD_TOL:
+        why.append(f"non-deterministic reward: {len(distinct)} different scores in {repeats} "
+                   "re-scores")
+    if s.reward is not None:
+        off = [x for x in scores if abs(x - s.reward) > REWARD_TOL]
+        ev.append(f"logged reward {s.reward:g}: {len(off)} of {repeats} re-scores differ")
+        if off and not why:
+            why.append(f"re-scoring gives {scores[0]:g}, the log says {s.reward:g}")
+    name = second or ("exact_match" if "answer" in s.info and cfg.reward != "exact_match"
+                      else None)
+    other = None
+    if name is None:
+        ev.append("second source: none (the run's reward is the task's exact match; pass "
+                  "--reward module:fn)" if "answer" in s.info else
+                  "second source: none (no answer in info; pass --reward module:fn)")
+    else:
+        (other,), bad = score(resolve_reward(name), [(s.prompt, s.response, dict(s.info))])
+        ev.append(f"second source {name}: {other:g}" + (" (it raised)" if bad else ""))
+        if abs(other - scores[0]) > DISAGREE:
+            why.append(f"{name} gives {other:g}, {cfg.reward} {scores[0]:g}")
+    summary = "; ".join(why) or f"deterministic, re-scores agree ({scores[0]:g})"
+    return Cause("reward", bool(why), summary, ev,
+                 {"scores": scores, "errors": errors, "logged": s.reward,
+                  "second_source": name, "second_score": other})
+
+
+# ----------------------------------------------------------------------------- actor
+def actor_cause(run_dir: Path, cfg: Any) -> Any:
+    """A callable ``(sample) -> Cause`` over the run's kept checkpoints (loads each once)."""
+    return _Actor(run_dir, cfg)
+
+
+class _Actor:
+    """The run's policy at each kept checkpoint and its reference, for log-probs of samples."""
+
+    def __init__(self, run_dir: Path, cfg: Any) -> None:
+        from agentrt.checkpoint import CheckpointError, load_checkpoint
+        from agentrt.run import RunDir
+
+        self.run_dir, self.cfg, self.pid = run_dir, cfg, cfg.policy.id
+        self.states: list[tuple[int, int, dict[str, Any]]] = []  # (version, step, weights)
+        self.skipped: list[str] = []
+        self.reference: dict[str, Any] | None = None
+        self.ref_name = "the model folder's weights (the initial policy)"
+        for path in RunDir(run_dir).checkpoints():
+            try:
+                state = load_checkpoint(path)
+            except CheckpointError as exc:
+                self.skipped.append(f"{path.name}: {exc}")
+                continue
+            eng = next((p["policies"][self.pid] for p in state["pools"].values()
+                        if self.pid in p.get("policies", {})), None)
+            if eng is None:
+                continue
+            self.states.append((int(eng["version"]), int(state["step"]), eng["model"]))
+            if eng.get("reference") is not None:
+                self.reference = eng["reference"]
+                self.ref_name = "the warm-started policy (the checkpoint's KL reference)"
+        self.states.sort(key=lambda t: (t[0], t[1]))
+        if self.reference is None and self.states and self.states[0][1] == 0:
+            self.reference = self.states[0][2]
+            self.ref_name = "version 0 (step 0 checkpoint: the initial or warm-started policy)"
+        self.model, self.tokenizer = self._load_model()
+        if self.reference is None and not cfg.policy.lora.enabled:  # before any checkpoint's
+            self.reference = {k: v.clone() for k, v in self.model.state_dict().items()}
+
+    def _load_model(self) -> tuple[Any, Any]:
+        from agentrt.policies import load_model
+
+        m = self.cfg.policy.model
+        folder = Path(m.path) if m.path is not None else self.run_dir / f"base_model_{m.preset}"
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"the run's model folder {folder} is missing; agentrt debug needs "
+                              "it to compute log-probs")
+        model, tokenizer = load_model(folder)
+        if self.cfg.policy.lora.enabled:
+            from peft import get_peft_model
+
+            from agentrt.weights import peft_config
+
+            model = get_peft_model(model, peft_config(self.cfg.policy), adapter_name=self.pid)
+        return model.eval(), tokenizer
+
+    def _load(self, weights: dict[str, Any] | None) -> Any:
+        """The model computing with ``weights`` (None: the model folder's own weights)."""
+        import contextlib
+
+        if self.cfg.policy.lora.enabled:
+            if weights is None:
+                return self.model.disable_adapter()
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, weights, adapter_name=self.pid)
+        elif weights is not None:
+            self.model.load_state_dict(weights)
+        return contextlib.nullcontext()
+
+    def ids(self, s: Sample) -> tuple[list[int], list[int]]:
+        from agentrt.tasks import encode_prompt
+
+        if s.prompt_ids is not None and s.response_ids is not None:
+            return s.prompt_ids, s.response_ids
+        return (encode_prompt(self.tokenizer, s.prompt),
+                self.tokenizer.encode(s.response, add_special_tokens=False))
+
+    def logprobs(self, prompt: list[int], response: list[int]) -> list[float]:
+        """Log-probs of ``response`` after ``prompt`` under the loaded weights, of the sampling
+        distribution (logits / temperature), as the rollout's log-probs are."""
+        import torch
+
+        from agentrt.steps import shift_logprobs
+
+        temp = self.cfg.policy.rollout.sampling.temperature or 1.0
+        ids = torch.tensor([prompt + response])
+        with torch.no_grad():
+            logits = self.model(input_ids=ids).logits.float() / temp
+        return shift_logprobs(logits, ids)[0, len(prompt):].tolist()
+
+    def __call__(self, s: Sample) -> Cause:
+        prompt, response = self.ids(s)
+        if not response:
+            return Cause("actor", False, "the response has no tokens; nothing to score")
+        per_version = []
+        for version, step, weights in self.states:
+            with self._load(weights):
+                per_version.append((version, step, self.logprobs(prompt, response)))
+        with self._load(self.reference):  # None: a LoRA base with its adapter off
+            ref = self.logprobs(prompt, response)
+        return self._verdict(s, response, ref, per_version)
+
+    def _verdict(self, s: Sample, response: list[int], ref: list[float],
+                 per_version: list[tuple[int, int, list[float]]]) -> Cause:
+        n = len(response)
+        mean_ref = sum(ref) / n
+        ev = [f"{n} response tokens; reference = {self.ref_name}: mean log-prob {mean_ref:.3f} "
+              "per token"]
+        rows, rises = [], []
+        for i, (version, step, lps) in enumerate(per_version):
+            mean = sum(lps) / n
+            k1 = sum(a - b for a, b in zip(lps, ref)) / n
+            k3 = sum(math.exp(b - a) - (b - a) - 1 for a, b in zip(lps, ref)) / n
+            rise = None if i == 0 else mean - rows[-1]["mean_logprob"]
+            rows.append({"version": version, "step": step, "logprob": sum(lps),
+                         "mean_logprob": mean, "kl_k1": k1, "kl_k3": k3, "rise": rise})
+            ev.append(f"{self.pid}@v{version} (step {step}): log-prob {sum(lps):.3f}, "
+                      f"{mean:.3f} per token, KL to reference k1 {k1:.3f} k3 {k3:.3f} per token"
+                      + (f", rise {rise:+.3f} per token" if rise is not None else ""))
+            if rise is not None and rise > DRIFT_NATS:
+                rises.append((rows[-2]["version"], version, rise))
+        if not rows:
+            ev.append("no checkpoint of the policy to compare (pass a run with checkpoints)")
+        ev += [f"skipped damaged checkpoint {x}" for x in self.skipped]
+        if s.logprobs and s.policy_version is not None:
+            at = [r for r in rows if r["version"] == s.policy_version]
+            logged = sum(s.logprobs) / n
+            ev.append(f"sampled by v{s.policy_version}: logged mean log-prob {logged:.3f} per "
+                      "token" + (f", recomputed {at[0]['mean_logprob']:.3f}" if at else
+                                 " (that version's checkpoint is not kept)"))
+        if rises:
+            a, b, rise = max(rises, key=lambda r: r[2])
+            summary = (f"log-prob of the response rose {rise:+.2f} nats per token from v{a} to "
+                       f"v{b} (threshold {DRIFT_NATS:g})")
+        elif rows:
+            summary = (f"no rise above {DRIFT_NATS:g} nats per token across "
+                       f"{len(rows)} checkpointed versions")
+        else:
+            summary = "no checkpoints to compare"
+        return Cause("actor", bool(rises), summary, ev,
+                     {"reference": self.ref_name, "reference_mean_logprob": mean_ref,
+                      "versions": rows})
+
+
+# ----------------------------------------------------------------------------- leakage
+def _norm(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def memory_texts(run_dir: Path) -> list[tuple[str, str]]:
+    """(bank, text) of every record of the FAISS banks under ``<run_dir>/memory/`` (read-only:
+    the live snapshot and its write log; Redis banks live in their server, not the folder)."""
+    out: list[tuple[str, str]] = []
+    for bank in sorted((run_dir / "memory").glob("*/bank.json")):
+        folder = bank.parent
+        records: dict[str, str] = {}
+        current = folder / "CURRENT"
+        seq = 0
+        if current.is_file():
+            snap = folder / current.read_text().strip()
+            for line in (snap / "records.jsonl").read_text().splitlines():
+                row = json.loads(line)
+                if row is not None:
+                    records[row["id"]] = row["text"]
+            seq = int(json.loads((snap / "meta.json").read_text())["seq"])
+        wal = folder / f"wal-{seq:012d}.jsonl"
+        for line in wal.read_text().splitlines() if wal.is_file() else []:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                break  # a torn last line
+            if entry["op"] == "put":
+                records.update({r["id"]: r["text"] for r in entry["records"]})
+            elif entry["op"] == "del":
+                for rid in entry["ids"]:
+                    records.pop(rid, None)
+        out += [(folder.name, text) for text in records.values()]
+    return out
+
+
+def leakage_cause(run_dir: Path, cfg: Any, s: Sample, embedder: str = "hashing") -> Cause:
+    """Exact and embedding matches of the prompt and answer in training data and memory."""
+    from agentrt.tasks import TASKS, make_splits
+
+    t = cfg.task
+    mem = memory_texts(run_dir)
+    memory = f"memory: {len(mem)} records in {len({b for b, _ in mem})} FAISS banks"
+    if t.name in TASKS:
+        train, evals = make_splits(t.name, t.options, t.train_size, t.eval_size, t.seed)
+        ev = [f"training data: {t.name} train split ({len(train)} prompts, seed {t.seed}); "
+              + memory]
+    else:  # a prompt source (a file, a stream): not enumerated here
+        train, evals = [], []
+        ev = [f"training data: task {t.name!r} is not a built-in task; its prompts are not "
+              "checked; " + memory]
+    why: list[str] = []
+    in_train, in_eval = _exact(s, train, evals, mem, why, ev)
+    _embedded(s, train, mem, embedder, why, ev)
+    summary = "; ".join(dict.fromkeys(why)) or "no match in training data or memory"
+    return Cause("leakage", bool(why), summary, ev,
+                 {"in_train": in_train, "in_eval": in_eval, "memory_records": len(mem),
+                  "embedder": embedder})
+
+
+def _exact(s: Sample, train: list[Any], evals: list[Any], mem: list[tuple[str, str]],
+           why: list[str], ev: list[str]) -> tuple[bool, bool]:
+    """Exact matches (whitespace and case aside); appends reasons and evidence. Returns
+    whether the prompt is in the train and in the eval split."""
+    prompt, answer = _norm(s.prompt), _norm(str(s.info.get("answer", "")))
+    in_train = prompt in {_norm(ex.prompt) for ex in train}
+    in_eval = prompt in {_norm(ex.prompt) for ex in evals}
+    if in_train:
+        ev.append("prompt is in the train split (exact)" + (
+            ": expected, the run trained on this episode" if s.trained else ""))
+        if not s.trained:
+            why.append("the prompt is in the training data (exact match)")
+    if in_train and in_eval:
+        why.append("the prompt is in the train and the eval split (train/eval leakage)")
+    ev.append(f"prompt in the eval split: {'yes' if in_eval else 'no'}")
+    mem_exact = [(b, x) for b, x in mem if prompt and prompt in _norm(x)]
+    if mem_exact:
+        why.append(f"the prompt is in memory bank {mem_exact[0][0]!r}")
+        ev.append(f"prompt found in memory: {_clip(mem_exact[0][1])}")
+    if len(answer) < MIN_ANSWER_CHARS:
+        ev.append(f"answer {_clip(answer)}: under {MIN_ANSWER_CHARS} characters, not matched "
+                  "exactly")
+        return in_train, in_eval
+    word = re.compile(rf"(?<!\w){re.escape(answer)}(?!\w)")
+    hits = [(f"memory bank {b!r}", x) for b, x in mem if word.search(_norm(x))] + \
+           [("a train prompt", ex.prompt) for ex in train if word.search(_norm(ex.prompt))]
+    ev.append(f"answer {_clip(answer)} found exactly in {len(hits)} texts"
+              + (f", first in {hits[0][0]}: {_clip(hits[0][1])}" if hits else ""))
+    if hits:
+        why.append(f"the answer is in {hits[0][0]}")
+    return in_train, in_eval
+
+
+def _embedded(s: Sample, train: list[Any], mem: list[tuple[str, str]], embedder: str,
+              why: list[str], ev: list[str]) -> None:
+    """Embedding matches (cosine >= COSINE) of the prompt and the answer; appends reasons and
+    evidence. A near-duplicate prompt counts when it carries the same answer (a train
+    example's answer, or a memory record holding it): '32+15=' and '32+28=' embed alike but
+    answer differently. A trained episode's own train prompt is no match."""
+    import numpy as np
+
+    from agentrt.memory.embedders import build_embedder
+
+    corpus = [ex.prompt for ex in train] + [x for _, x in mem]
+    if not corpus:
+        return
+    prompt, answer = _norm(s.prompt), _norm(str(s.info.get("answer", "")))
+    emb = build_embedder(embedder, 1024 if embedder == "hashing" else None)
+    vecs = emb.encode(corpus)
+    sims = emb.encode([s.prompt, answer or s.prompt]) @ vecs.T  # [2, corpus]
+    best = int(np.argmax(sims[0]))
+    near, text = float(sims[0, best]), corpus[best]
+    carries = answer != "" and (_norm(train[best].answer) == answer if best < len(train)
+                                else answer in _norm(text))
+    ev.append(f"embedding ({embedder}): nearest to the prompt {_clip(text)} cosine {near:.3f}"
+              + (", same answer" if carries else ""))
+    own = s.trained and best < len(train)
+    if near >= COSINE and carries and not own and _norm(text) != prompt:
+        why.append(f"a near-duplicate (cosine {near:.2f} >= {COSINE:g}) with the same answer "
+                   "is in the training data or memory")
+    if len(answer) >= MIN_ANSWER_CHARS:
+        best = int(np.argmax(sims[1]))
+        ev.append(f"embedding: nearest to the answer {_clip(corpus[best])} cosine "
+                  f"{float(sims[1, best]):.3f}")
+        if float(sims[1, best]) >= COSINE and not (s.trained and best < len(train)):
+            why.append(f"the answer embeds as {_clip(corpus[best])} (cosine "
+                       f"{float(sims[1, best]):.2f})")
+
+
+# ----------------------------------------------------------------------------- all
+def diagnose(run_dir: Path, spec: str, second: str | None = None, repeats: int = REPEATS,
+             embedder: str = "hashing", imports: tuple[str, ...] = ()) -> Report:
+    """Every cause's evidence for sample ``spec`` of the run in ``run_dir``."""
+    if repeats < 2:
+        raise ConfigError(f"--repeats must be at least 2 (re-scores to compare), not {repeats}")
+    check_embedder(embedder)
+    cfg = load_run(run_dir, imports)
+    sample = load_sample(run_dir, spec)
+    causes = [reward_cause(cfg, sample, second, repeats), actor_cause(run_dir, cfg)(sample),
+              leakage_cause(run_dir, cfg, sample, embedder)]
+    return Report(str(run_dir), sample, causes)
+
+
+def check_embedder(name: str) -> None:
+    from agentrt.memory.embedders import EMBEDDERS
+
+    if name not in EMBEDDERS:
+        raise ConfigError(f"--embedder {name!r} is unknown; valid: "
+                           f"{', '.join(EMBEDDERS.names())}")
