@@ -86,8 +86,9 @@ class Report:
     def text(self) -> str:
         s = self.sample
         lines = [self.headline(),
-                 f"sample {s.source}" + (f" (step {s.step}, policy version {s.policy_version})"
-                                         if s.step is not None else "")
+                 f"sample {s.source}" + (f" (step {s.step}" if s.step is not None else "")
+                 + (f", policy version {s.policy_version}" if s.policy_version is not None
+                    else "") + (")" if s.step is not None else "")
                  + f": prompt {_clip(s.prompt)} response {_clip(s.response)}"
                  + (f" reward {s.reward:g}" if s.reward is not None else "")]
         for c in self.causes:
@@ -494,6 +495,10 @@ def diagnose(run_dir: Path, spec: str, second: str | None = None, repeats: int =
         raise ConfigError(f"--repeats must be at least 2 (re-scores to compare), not {repeats}")
     check_embedder(embedder)
     cfg = load_run(run_dir, imports)
+    if second is not None:
+        from agentrt.rewards import resolve_reward
+
+        resolve_reward(second)  # a bad --reward fails before any work
     sample = load_sample(run_dir, spec)
     causes = [reward_cause(cfg, sample, second, repeats), actor_cause(run_dir, cfg)(sample),
               leakage_cause(run_dir, cfg, sample, embedder)]

@@ -361,6 +361,11 @@ STATES: dict[str, tuple[str, Callable[[Path], None], str, str]] = {
     "debug_no_run_json": ("train", _remove("run.json"), "debug {run} s1-0", "holds no run"),
     "debug_league_run": ("league", lambda run: None, "debug {run} s1-0",
                          "not a run of agentrt train"),
+    "debug_second_reward_unknown": ("train", lambda run: None,
+                                    "debug {run} s1-0 --reward no_such_module:fn",
+                                    "cannot import module 'no_such_module'"),
+    "debug_embedder_unknown": ("train", lambda run: None, "debug {run} s1-0 --embedder bert",
+                               "--embedder 'bert' is unknown"),
 }
 
 
