@@ -140,6 +140,24 @@ def test_prompt_in_a_memory_bank(runs: Path, tmp_path: Path) -> None:
     assert report.causes[2].data["memory_records"] == 2 and not report.causes[2].data["in_train"]
 
 
+def test_prompt_in_a_preference_data_file(runs: Path, tmp_path: Path) -> None:
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"{a}*{a}=", "chosen": str(a * a),
+                                         "rejected": str(a)}) + "\n" for a in range(11, 19)))
+    cfg = validate_config({
+        "run_dir": str(tmp_path / "dpo"), "progress": False, "threads": 1, "task": TASK,
+        "policy": {"model": {"path": str(runs / "nano")},
+                   "algorithm": {"name": "dpo", "online": False}},
+        "data": {"path": str(pairs), "eval_fraction": 0.0},
+        "train": {"steps": 1, "prompts_per_step": 2}, "eval": {"every": 100}})
+    Trainer(cfg).run()
+    (tmp_path / "s.json").write_text(json.dumps({"prompt": "13*13=", "response": "169",
+                                                 "info": {"answer": "169"}}))
+    report = diagnose(tmp_path / "dpo", str(tmp_path / "s.json"))
+    assert report.verdict == ["leakage"] and "exact match" in report.causes[2].summary
+    assert "data file" in report.causes[2].evidence[0]
+
+
 def test_clean_sample_and_cli_report(runs: Path, monkeypatch, capsys) -> None:
     code, out, err = run_cli(monkeypatch, capsys, "debug", str(runs / "clean"), "s2-3")
     assert code == 0, err
