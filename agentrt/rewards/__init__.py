@@ -14,6 +14,13 @@ A reward that raises, returns NaN/inf or a value beyond ``±REWARD_LIMIT`` (1e9:
 overflow float32 statistics such as the group std) marks that sample as failed: it gets reward 0
 and is counted in ``reward/errors`` and ``reward/error_rate``. The run goes on unless more than
 ``guards.max_reward_error_rate`` of a step's samples failed (:mod:`agentrt.guards`).
+
+Where rewards come from is a *source* (docs/rewards.md): a Python function (``reward: name``, or
+``{python: name, workers: 4, timeout_s: 5}``), an HTTP reward service (``{http: URL}``) or a
+learned reward model (``{model: FOLDER}``); several combine with weights
+(``reward: [{python: exact_match, weight: 0.7}, {model: rm, weight: 0.3}]``). Each source is a
+:class:`~agentrt.rewards.executors.RewardExecutor` that scores a whole step's samples in one
+``score_batch`` call.
 """
 
 from __future__ import annotations
@@ -43,14 +50,22 @@ def exact_match(prompt: str, response: str, info: dict[str, Any]) -> float:
     return float(response.strip() == str(info["answer"]).strip())
 
 
-def resolve_reward(spec: str) -> RewardFn:
-    """A registered name, or 'package.module:function'. Raises ConfigError naming the problem."""
+def resolve_reward(spec: str, field: str = "reward") -> RewardFn:
+    """A registered name, or 'package.module:function'. Raises ConfigError naming ``field``."""
     if ":" not in spec:
         try:
             return REWARDS.get(spec)
         except KeyError as exc:
-            raise ConfigError(f"reward: {exc.args[0]}; or give 'module:function'") from None
-    return import_callable(spec, "reward")
+            raise ConfigError(f"{field}: {exc.args[0]}; or give 'module:function'") from None
+    return import_callable(spec, field)
+
+
+def checked(value: Any) -> float:
+    """``value`` as a float reward; ValueError when it is not finite or beyond ±REWARD_LIMIT."""
+    value = float(value)
+    if not math.isfinite(value) or abs(value) > REWARD_LIMIT:
+        raise ValueError(f"reward {value} is not a finite number within ±{REWARD_LIMIT:g}")
+    return value
 
 
 def score(fn: RewardFn, samples: list[tuple[str, str, dict[str, Any]]]) -> tuple[list[float], int]:
@@ -59,9 +74,7 @@ def score(fn: RewardFn, samples: list[tuple[str, str, dict[str, Any]]]) -> tuple
     errors = 0
     for prompt, response, info in samples:
         try:
-            value = float(fn(prompt, response, info))
-            if not math.isfinite(value) or abs(value) > REWARD_LIMIT:
-                raise ValueError(f"reward {value} is not a finite number within ±{REWARD_LIMIT:g}")
+            value = checked(fn(prompt, response, info))
         except Exception as exc:  # noqa: BLE001 - user code may raise anything
             errors += 1
             if errors == 1:
@@ -69,3 +82,13 @@ def score(fn: RewardFn, samples: list[tuple[str, str, dict[str, Any]]]) -> tuple
             value = 0.0
         rewards.append(value)
     return rewards, errors
+
+
+# The sources and executors use the SDK above, so they load after it.
+from agentrt.rewards.sources import (REWARD_SOURCES, RewardSource, check_reward,  # noqa: E402
+                                     parse_reward, sources_of)
+from agentrt.rewards.executors import RewardExecutor, Sample, build_executor  # noqa: E402
+
+__all__ = ["REWARDS", "REWARD_LIMIT", "REWARD_SOURCES", "RewardExecutor", "RewardFn",
+           "RewardSource", "Sample", "build_executor", "check_reward", "checked", "exact_match",
+           "parse_reward", "resolve_reward", "reward", "score", "sources_of"]
