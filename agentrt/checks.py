@@ -109,10 +109,12 @@ def resolve(kind: str, cfg: Any) -> None:
         ConfigError: "<field>: <what is wrong>; <how to fix it>".
     """
     if kind == "train":
+        from agentrt.data import check_source
         from agentrt.rewards import resolve_reward
 
         resolve_reward(cfg.reward)
         check_model_path("policy.model.path", cfg.policy.model.path)
+        check_source(cfg.task)  # a data file's mapped columns
         return
     for i, policy in enumerate(cfg.policies):
         check_model_path(f"policies.{i}.model.path", policy.model.path)

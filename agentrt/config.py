@@ -268,7 +268,8 @@ class PolicyConfig(Section):
 
 
 class TaskConfig(Section):
-    name: str = Field("arithmetic", description="Built-in task from agentrt.tasks.TASKS.")
+    name: str = Field("arithmetic", description="Built-in task from agentrt.tasks.TASKS, or a "
+                      "prompt source from agentrt.data.PROMPT_SOURCES ('dataset': a file).")
     train_size: int = Field(20000, gt=0, description="Training prompts generated from the seed.")
     eval_size: int = Field(256, gt=0, description="Held-out prompts, disjoint from training.")
     seed: int = Field(1234, description="Seed of the task generator.")
@@ -276,12 +277,15 @@ class TaskConfig(Section):
 
     @model_validator(mode="after")
     def _known_task(self) -> TaskConfig:
+        from agentrt.data import PROMPT_SOURCES, options_model
         from agentrt.tasks import TASKS
 
-        if self.name not in TASKS:
-            raise ValueError(f"unknown task {self.name!r}; valid: {', '.join(TASKS.names())}")
+        model = options_model(self.name)
+        if self.name not in TASKS and model is None:
+            raise ValueError(f"unknown task {self.name!r}; valid: "
+                             f"{', '.join(TASKS.names() + PROMPT_SOURCES.names())}")
         try:
-            TASKS.get(self.name).options_model(**self.options)
+            (model or TASKS.get(self.name).options_model)(**self.options)
         except ValidationError as exc:
             raise ValueError(f"options: {format_validation_error(exc)}") from None
         return self

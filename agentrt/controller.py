@@ -334,6 +334,8 @@ class Controller:
         self.guard.check_state(self.step, state)  # never a checkpoint with NaN weights
         self.run_dir.save_checkpoint(self.step, state, work.checkpoint_keep)
         self.guard.saved(self.step)
+        if hasattr(work, "checkpointed"):  # e.g. a Redis stream acknowledges what it holds
+            work.checkpointed(self.step)
         if self.version_book is not None:  # after the checkpoint: a record names a saved version
             self.version_book.checkpointed(self.step, {p: self.pool_of(p).version_of(p)
                                                    for p in self.learners()}, self.last_metrics)

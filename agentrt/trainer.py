@@ -11,59 +11,26 @@ draws data rows. Optional SFT warm start on the task's demonstrations first.
 from __future__ import annotations
 
 import logging
-import random
 from typing import Any
 
 import torch
 
 from agentrt.config import TrainConfig, dump_config
 from agentrt.controller import Controller, greedy, set_threads
+from agentrt.data import open_source
+from agentrt.data.sources import PromptSampler  # noqa: F401 - imported from here too
 from agentrt.episodes import EPISODES, EpisodeLog, step_episodes
 from agentrt.policies.lm import LMPolicy, PromptTemplate
 from agentrt.rewards import exact_match, resolve_reward
 from agentrt.run import RunDir, seed_everything
 from agentrt.runner.core import EpisodeSpec, RunnerConfig, RunResult
-from agentrt.tasks import Example, encode_prompt, make_splits
+from agentrt.tasks import Example, encode_prompt
 from agentrt.types import Trajectory, Turn
 
 log = logging.getLogger(__name__)
 
 # A task prompt is the whole observation: bos + prompt ids, as SFT demonstrations see it.
 TASK_TEMPLATE = PromptTemplate(first="{observation}", history=False)
-
-
-class PromptSampler:
-    """Epoch-wise shuffled pass over a list (prompts or data rows); its position is
-    checkpointed."""
-
-    def __init__(self, items: list[Any], seed: int) -> None:
-        self.items = items
-        self.seed = seed
-        self.epoch = 0
-        self.pos = 0
-        self._order = self._shuffle()
-
-    def _shuffle(self) -> list[int]:
-        order = list(range(len(self.items)))
-        random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
-        return order
-
-    def next(self, n: int) -> list[Any]:
-        out = []
-        for _ in range(n):
-            if self.pos == len(self._order):
-                self.epoch, self.pos = self.epoch + 1, 0
-                self._order = self._shuffle()
-            out.append(self.items[self._order[self.pos]])
-            self.pos += 1
-        return out
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.pos = state["epoch"], state["pos"]
-        self._order = self._shuffle()
 
 
 def demonstrations(tokenizer: Any, examples: list[Example]) -> list[Trajectory]:
@@ -77,13 +44,14 @@ def demonstrations(tokenizer: Any, examples: list[Example]) -> list[Trajectory]:
     return trajs
 
 
-def sft_warm_start(ctl: Controller, pid: str, examples: list[Example], sft: Any, steps: int,
-                   seed: int, progress: bool, label: str) -> dict[str, float]:
-    """``steps`` SFT steps of ``pid`` on batches drawn from ``examples``, then the warm start
-    ends (RL starts from version 0; KL to the warm-started policy). Returns the last metrics."""
+def sft_warm_start(ctl: Controller, pid: str, examples: list[Example] | Any, sft: Any,
+                   steps: int, seed: int, progress: bool, label: str) -> dict[str, float]:
+    """``steps`` SFT steps of ``pid`` on batches drawn from ``examples`` (a list, or a prompt
+    source's ``demonstrations`` with ``next(n)``), then the warm start ends (RL starts from
+    version 0; KL to the warm-started policy). Returns the last metrics."""
     from agentrt.progress import StepProgress
 
-    sampler = PromptSampler(examples, seed + 1)
+    sampler = examples if hasattr(examples, "next") else PromptSampler(examples, seed + 1)
     tokenizer = ctl.tokenizer(pid)
     bar = StepProgress(steps, enabled=progress, label=label)
     metrics: dict[str, float] = {}
@@ -105,8 +73,7 @@ class PromptWorkload:
         self.cfg = cfg
         t = cfg.task
         resolve_reward(cfg.reward)  # a bad reward name fails before any work
-        self.train_set, self.eval_set = make_splits(t.name, t.options, t.train_size,
-                                                    t.eval_size, t.seed)
+        self.source = open_source(t, cfg.seed)  # a task's, a file's or a stream's examples
         self.pid = cfg.policy.id
         self.algo = cfg.policy.algorithm
         self.steps, self.progress = cfg.train.steps, cfg.progress
@@ -115,7 +82,6 @@ class PromptWorkload:
         self.runner = RunnerConfig(concurrency=cfg.train.prompts_per_step * cfg.train.group_size,
                                    random_seats=False, invalid_penalty=0.0, max_turns=1,
                                    seed=cfg.seed)
-        self.prompts = PromptSampler(list(range(len(self.train_set))), cfg.seed)
         self.offline = self.algo.is_preference and not self.algo.online
         self.pref_train: list[Any] = []
         self.pref_eval: list[Any] = []
@@ -124,16 +90,23 @@ class PromptWorkload:
     def config_text(self) -> str:
         return dump_config(self.cfg)
 
-    def env_kwargs(self, split: str) -> dict[str, Any]:
-        t = self.cfg.task
-        return {"task": t.name, "split": split, "options": dict(t.options),
-                "train_size": t.train_size, "eval_size": t.eval_size, "seed": t.seed,
-                "reward": self.cfg.reward}
+    def specs(self, examples: list[Example], group: bool) -> list[EpisodeSpec]:
+        """``Task-v0`` episodes of ``examples``: the spec carries each example to the env
+        (``group_size`` of each, one group per example, when ``group``)."""
+        kwargs = {"task": self.cfg.task.name, "reward": self.cfg.reward}
+        g = self.cfg.train.group_size if group else 1
+        return [EpisodeSpec("Task-v0", (self.pid,), seed=i, env_kwargs=kwargs,
+                            options={"example": {"prompt": ex.prompt, "answer": ex.answer,
+                                                 "info": ex.info}},
+                            group=f"ex{i}" if group else None)
+                for i, ex in enumerate(examples) for _ in range(g)]
 
     # ------------------------------------------------------------------ set-up
     def start(self, ctl: Controller) -> None:
         self.pool = ctl.pool_of(self.pid)
         self.tokenizer = ctl.tokenizer(self.pid)
+        self.source.start(self.tokenizer)
+        self.eval_set = self.source.eval_examples()
         handle = ctl.handle(self.pid)
         sampling = self.cfg.policy.rollout.sampling
         self.policy = LMPolicy(handle, TASK_TEMPLATE)
@@ -155,8 +128,8 @@ class PromptWorkload:
         metrics: dict[str, float] = {}
         s = self.cfg.sft
         if s.steps:
-            metrics = sft_warm_start(ctl, self.pid, self.train_set, s, s.steps, self.cfg.seed,
-                                     self.progress, label="sft")
+            metrics = sft_warm_start(ctl, self.pid, self.source.demonstrations(self.cfg.seed + 1),
+                                     s, s.steps, self.cfg.seed, self.progress, label="sft")
         if self.pref_train or self.pref_eval:
             filled = self.pool.fill_reference(self.pref_train + self.pref_eval, adapter=self.pid)
             self._set_reference([ex.ref_logps for ex in filled])
@@ -170,11 +143,7 @@ class PromptWorkload:
     def next_episodes(self, step: int) -> list[EpisodeSpec]:
         if self.offline:
             return []
-        g = self.cfg.train.group_size
-        kwargs = self.env_kwargs("train")
-        return [EpisodeSpec("Task-v0", (self.pid,), seed=i, env_kwargs=kwargs,
-                            options={"index": i}, group=f"ex{i}")
-                for i in self.prompts.next(self.cfg.train.prompts_per_step) for _ in range(g)]
+        return self.specs(self.source.next(self.cfg.train.prompts_per_step), group=True)
 
     def players(self, specs: list[EpisodeSpec]) -> dict[str, Any]:
         return {self.pid: self.policy}
@@ -198,20 +167,23 @@ class PromptWorkload:
         if self.offline:
             assert self.rows is not None
             return {self.pid: self.rows.next(self.cfg.train.prompts_per_step)}
+        self.source.finished(played.trajectories, step)  # a stream source's episode sink
         return {self.pid: played.trajectories}
 
     def after_step(self, ctl: Controller, step: int) -> dict[str, float]:
-        return {}
+        return self.source.metrics()  # data/skipped_rows, ... of a file source
 
     def done(self) -> bool:
         return False
 
+    def checkpointed(self, step: int) -> None:
+        """The checkpoint of ``step`` is written: a stream source acknowledges what it read."""
+        self.source.checkpointed(step)
+
     def evaluate(self, ctl: Controller) -> dict[str, float]:
         """Held-out task prompts, greedy (``eval.greedy``): exact match, reward, length; and
         held-out preference pairs when there is data."""
-        kwargs = self.env_kwargs("eval")
-        specs = [EpisodeSpec("Task-v0", (self.pid,), seed=i, env_kwargs=kwargs,
-                             options={"index": i}) for i in range(len(self.eval_set))]
+        specs = self.specs(self.eval_set, group=False)
         from agentrt.runner.core import EpisodeRunner
 
         played = EpisodeRunner({self.pid: self.eval_policy}, self.runner).run(specs)
@@ -231,12 +203,12 @@ class PromptWorkload:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {"prompts": self.prompts.state_dict(),
+        return {"prompts": self.source.state_dict(),
                 "rows": self.rows.state_dict() if self.rows is not None else None,
                 "ref_logps": [ex.ref_logps for ex in self.pref_train + self.pref_eval]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.prompts.load_state_dict(state["prompts"])
+        self.source.load_state_dict(state["prompts"])
         if self.rows is not None and state.get("rows") is not None:
             self.rows.load_state_dict(state["rows"])
         self._set_reference(state.get("ref_logps") or [])
@@ -271,10 +243,10 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, start: str = "auto") -> None:
         self.cfg = cfg
         set_threads(cfg.threads)
+        self.workload = PromptWorkload(cfg)  # a bad data file fails before the run folder
         self.run_dir = RunDir.open(cfg.run_dir, cfg.model_dump(mode="json"), start,
                                    PromptWorkload.outputs)
         seed_everything(cfg.seed)
-        self.workload = PromptWorkload(cfg)
         self.controller = Controller([cfg.policy], cfg.runtime, self.run_dir, seed=cfg.seed,
                                      total_steps=cfg.train.steps,
                                      preference_pairs=cfg.data.pairs, guards=cfg.guards,
@@ -292,4 +264,5 @@ class Trainer:
         try:
             return self.controller.run(self.workload, stop_after)
         finally:
+            self.workload.source.close()
             self.controller.shutdown()  # Ray: workers killed, Ray stopped if this run started it

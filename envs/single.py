@@ -1,7 +1,8 @@
 """Single-agent text envs: verifiable tasks, a calculator tool-use loop, and a recall task.
 
-- ``Task-v0``: one prompt of a built-in task (``agentrt.tasks``), one answer, reward from
-  ``agentrt.rewards``.
+- ``Task-v0``: one prompt, one answer, reward from ``agentrt.rewards``: the example given to
+  ``reset(options={"example": {prompt, answer, info}})`` (what ``agentrt train`` does, whatever
+  its prompt source), or one of a built-in task (``agentrt.tasks``).
 - ``ToolUse-v0``: an arithmetic question too long for mental math; the agent may call a calculator
   ("calc: 347*29") and gets "calc result: 10063" as its next observation, then answers
   ("answer: 10063").
@@ -52,7 +53,9 @@ class TaskEnv(_OneShot):
         train_size / eval_size / seed: Passed to ``agentrt.tasks.make_splits``.
         reward: Reward name or "module:function" (see ``agentrt.rewards``).
 
-    ``reset(seed=s)`` draws the example from the seed; ``reset(options={"index": i})`` picks one.
+    ``reset(options={"example": {"prompt": p, "answer": a, "info": {...}}})`` plays that
+    example (no task is generated); otherwise ``reset(seed=s)`` draws one of the task's split
+    from the seed and ``reset(options={"index": i})`` picks one.
     """
 
     def __init__(self, task: str = "arithmetic", split: str = "train",
@@ -62,9 +65,8 @@ class TaskEnv(_OneShot):
         super().__init__(render_mode=render_mode, max_obs_chars=1024, max_action_chars=32)
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-        train, evals = _splits(task, json.dumps(options or {}, sort_keys=True), train_size,
-                               eval_size, seed)
-        self.examples = train if split == "train" else evals
+        self._split = (task, json.dumps(options or {}, sort_keys=True), train_size, eval_size,
+                       seed, split)
         self.task = task
         self.reward_fn = resolve_reward(reward)
         self.example: Example | None = None
@@ -72,6 +74,10 @@ class TaskEnv(_OneShot):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
+        given = (options or {}).get("example")
+        if given is not None:
+            self.index, self.example, self._over = -1, Example(**given), False
+            return self._obs(self.example.prompt), {"index": -1, "task": self.task}
         index = (options or {}).get("index")
         if index is None:
             index = int(self.np_random.integers(len(self.examples)))
@@ -89,6 +95,13 @@ class TaskEnv(_OneShot):
         self._over = True
         return "", float(reward), True, False, {"answer": ex.answer, "reward_errors": errors,
                                                 "invalid_action": False}
+
+    @functools.cached_property
+    def examples(self) -> list[Example]:
+        """The task's examples of this split (generated on first use)."""
+        *args, split = self._split
+        train, evals = _splits(*args)
+        return train if split == "train" else evals
 
     def _render(self) -> str:
         return self.example.prompt if self.example else ""

@@ -24,6 +24,7 @@ import yaml
 from test_cli_check import run_cli  # the real entry point, in this process
 
 NANO = {"preset": "llama-nano"}
+PAIRS = str(Path(__file__).resolve().parents[1] / "examples" / "data" / "arith_pairs.jsonl")
 BASE: dict[str, dict[str, Any]] = {
     "train": {"task": {"name": "arithmetic"}, "reward": "exact_match",
               "policy": {"model": NANO}, "train": {"steps": 2}},
@@ -77,7 +78,13 @@ TRAIN = [("train.steps", True, "expected a number"), ("train.steps", -1, "train.
          ("guards.max_reward_error_rate", 2, "max_reward_error_rate"),
          ("data.path", "/no/such.jsonl", "data.path"), ("data.format", "xml", "data.format"),
          ("data.eval_fraction", 1.5, "eval_fraction"), ("train", [1, 2], "train"),
-         ("policy", "lm", "policy"), ("trian", {"steps": 1}, "trian: Extra inputs")]
+         ("policy", "lm", "policy"), ("trian", {"steps": 1}, "trian: Extra inputs"),
+         ("task", {"name": "dataset", "options": {"path": "/no/such.parquet"}}, "does not exist"),
+         ("task", {"name": "dataset", "options": {"path": PAIRS, "format": "xml"}}, "format"),
+         ("task", {"name": "dataset", "options": {"path": PAIRS, "columns": {"answer": "ans"}}},
+          "task.options.columns.answer: column 'ans' is not in"),
+         ("task", {"name": "dataset", "options": {"path": PAIRS, "eval": {"fraction": 0}}},
+          "fraction")]
 TOURNAMENT = [("envs.0.id", "Nope-v0", "unknown env 'Nope-v0'"), ("envs", [], "envs"),
               ("envs.0.template.history", 2, "expected true or false"),
               ("baselines.0.kind", "alphazero", "unknown scripted policy"),

@@ -38,6 +38,11 @@ def test_every_example_passes(path: Path, monkeypatch, capsys, request) -> None:
              "ttt_eval.yaml": "policies.0"}.get(path.name)  # the model ttt_league.yaml trains
     if model is not None:
         args += ["--set", f"{model}.model.path={request.getfixturevalue('tiny_model_dir')}"]
+    if path.name == "grpo_parquet.yaml":  # its file is written by examples/make_prompts_parquet
+        from test_prompt_data import prompts_parquet
+
+        data = prompts_parquet(request.getfixturevalue("tmp_path"))
+        args += ["--set", f"task.options.path={data}"]
     code, out, err = run_cli(monkeypatch, capsys, *args)
     assert code == 0, err
     kind = out.splitlines()[0]
@@ -47,6 +52,7 @@ def test_every_example_passes(path: Path, monkeypatch, capsys, request) -> None:
 
 
 NANO = "{id: lm, model: {preset: llama-nano}}"
+PAIRS = ROOT / "examples" / "data" / "arith_pairs.jsonl"  # columns prompt, chosen, rejected
 TTT = f"envs: [{{id: TicTacToe-v0}}]\npolicies: [{NANO}]\n"
 WORDCHAIN = """family: {name: wordchain}
 planner: {kind: rule}
@@ -72,6 +78,15 @@ BAD = {
     "unknown_key": ("task: {name: arithmetic}\ntrian: {steps: 1}", "trian: Extra inputs"),
     "steps": ("task: {name: arithmetic}\ntrain: {steps: -1}", "train.steps"),
     "backend": ("policy: {rollout: {backend: tpu}}", "policy.rollout.backend"),
+    "dataset_no_path": ("task: {name: dataset, options: {format: jsonl}}", "path: Field required"),
+    "dataset_missing_file": ("task: {name: dataset, options: {path: /no/such.parquet}}",
+                             "path '/no/such.parquet' does not exist"),
+    "dataset_format": (f"task: {{name: dataset, options: {{path: {PAIRS}, format: csv}}}}",
+                       "format"),
+    "dataset_column": (f"task: {{name: dataset, options: {{path: {PAIRS}, columns: "
+                       "{prompt: question}}}", "task.options.columns.prompt: column 'question'"),
+    "dataset_two_prompts": (f"task: {{name: dataset, options: {{path: {PAIRS}, columns: "
+                            "{prompt: prompt, messages: chosen}}}", "not both"),
     # tournament
     "env_unknown": (f"envs: [{{id: Nope-v0}}]\npolicies: [{NANO}]", "unknown env 'Nope-v0'"),
     "baseline_wrong_game": (

@@ -86,6 +86,8 @@ EXAMPLE_RUNS = {
                                   "train.group_size=2", "task.eval_size=8"]),
     "arith_dpo.yaml": ("train", ["sft.steps=2", "train.steps=1", "train.prompts_per_step=4",
                                  "task.eval_size=8"]),
+    "grpo_parquet.yaml": ("train", ["sft.steps=2", "train.steps=2", "train.prompts_per_step=4",
+                                    "train.group_size=2", "task.eval_size=4"]),
     "ttt_ppo_dpo.yaml": ("tournament run", SHORT_LEAGUE),
     "bargain_roles.yaml": ("tournament run", SHORT_LEAGUE),
     "kuhn3_league.yaml": ("tournament run", [*SHORT_LEAGUE, "train.games_per_step=12",
@@ -123,6 +125,11 @@ def test_example_runs_as_written(name: str, demo, tiny_model_dir, tmp_path: Path
         overrides.append(f"policies.0.model.path={demo_dir / 'final_models' / 'lm'}")
     if name.startswith("cluster/"):  # shared storage and a cluster's model: this machine's
         overrides.append(f"policy.model.path={tiny_model_dir}")
+    if name == "grpo_parquet.yaml":  # the file examples/make_prompts_parquet.py writes, smaller
+        proc = run([sys.executable, "examples/make_prompts_parquet.py", "--rows", "300",
+                    "--out", str(tmp_path / "prompts.parquet")])
+        assert proc.returncode == 0, proc.stderr
+        overrides.append(f"task.options.path={tmp_path / 'prompts.parquet'}")
     where = ([] if command == "tournament eval" else ["--run-dir", str(tmp_path / "run")])
     sets = [a for s in overrides for a in ("--set", s)]
     if command == "tournament eval":
