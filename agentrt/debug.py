@@ -176,16 +176,42 @@ def _json_sample(path: Path) -> Sample:
 
 
 # ----------------------------------------------------------------------------- reward
+def rescore(spec: Any, s: Sample, n: int, device: str = "cpu") -> tuple[list[float], list[str]]:
+    """``n`` scores of the sample by the reward ``spec`` (a name, 'module:fn' or a run's list
+    of sources), through the executors a run scores with (agentrt.rewards), each under its own
+    sample id (a service must not answer a repeat from its cache). Returns (values, errors)."""
+    import uuid
+
+    from agentrt.rewards import Sample as Scored
+    from agentrt.rewards import build_executor, sources_of
+
+    executor = build_executor(sources_of(spec), device, namespace=f"debug-{uuid.uuid4().hex}")
+    try:
+        values, errors, _ = executor.score_batch(
+            [Scored(f"debug-{i}", s.prompt, s.response, dict(s.info)) for i in range(n)])
+    finally:
+        executor.close()
+    return [float(v) for v in values], [e for e in errors if e is not None]
+
+
+def reward_label(spec: Any) -> str:
+    """A reward setting in a line: the name, or its sources with their weights."""
+    if isinstance(spec, str):
+        return spec
+    return " + ".join(f"{src.weight:g} x {src.kind} {src.ref}" for src in spec)
+
+
 def reward_cause(cfg: Any, s: Sample, second: str | None = None, repeats: int = REPEATS
                  ) -> Cause:
     """Re-scores, logged reward, a second source."""
-    from agentrt.rewards import resolve_reward, score
+    from agentrt.weights import resolve_device
 
-    fn = resolve_reward(cfg.reward)
-    scores, errors = score(fn, [(s.prompt, s.response, dict(s.info))] * repeats)
+    device = str(resolve_device(cfg.policy.model.device))
+    label = reward_label(cfg.reward)
+    scores, errors = rescore(cfg.reward, s, repeats, device)
     distinct = sorted({round(x, 9) for x in scores})
-    ev = [f"re-scored {repeats} times with {cfg.reward}: {', '.join(f'{x:g}' for x in scores)}"
-          + (f" ({errors} raised or were not finite)" if errors else "")]
+    ev = [f"re-scored {repeats} times with {label}: {', '.join(f'{x:g}' for x in scores)}"
+          + (f" ({len(errors)} failed: {errors[0]})" if errors else "")]
     why = []
     if max(scores) - min(scores) > REWARD_TOL:
         why.append(f"non-deterministic reward: {len(distinct)} different scores in {repeats} "
@@ -203,10 +229,10 @@ def reward_cause(cfg: Any, s: Sample, second: str | None = None, repeats: int = 
                   "--reward module:fn)" if "answer" in s.info else
                   "second source: none (no answer in info; pass --reward module:fn)")
     else:
-        (other,), bad = score(resolve_reward(name), [(s.prompt, s.response, dict(s.info))])
-        ev.append(f"second source {name}: {other:g}" + (" (it raised)" if bad else ""))
+        (other,), bad = rescore(name, s, 1, device)
+        ev.append(f"second source {name}: {other:g}" + (f" (failed: {bad[0]})" if bad else ""))
         if abs(other - scores[0]) > DISAGREE:
-            why.append(f"{name} gives {other:g}, {cfg.reward} {scores[0]:g}")
+            why.append(f"{name} gives {other:g}, {label} {scores[0]:g}")
     summary = "; ".join(why) or f"deterministic, re-scores agree ({scores[0]:g})"
     return Cause("reward", bool(why), summary, ev,
                  {"scores": scores, "errors": errors, "logged": s.reward,
