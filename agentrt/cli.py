@@ -251,12 +251,25 @@ def serve_command(
     backend: str = typer.Option("hf", help="Rollout backend: hf or vllm."),
     max_batch: int = typer.Option(32, help="Most requests in one generate call."),
     max_tokens: int = typer.Option(64, help="max_tokens of a request that sets none."),
+    canary_share: Optional[float] = typer.Option(None, help="Canary: share of requests the "
+                                                            "candidate answers (0.05)."),
+    canary_alpha: Optional[float] = typer.Option(None, help="Canary: chance of promoting a "
+                                                            "candidate worse by the margin "
+                                                            "(0.05)."),
+    canary_power: Optional[float] = typer.Option(None, help="Canary: chance of promoting an "
+                                                            "equal candidate (0.9)."),
+    canary_margin: Optional[float] = typer.Option(None, help="Canary: non-inferiority margin "
+                                                             "in reward units (0.05)."),
+    canary_log: Path = typer.Option(Path("canary.jsonl"), help="Canary decisions (JSON lines)."),
 ) -> None:
     """Serve a run's policies behind an OpenAI-compatible HTTP API (docs/serving.md)."""
     _setup()
     from agentrt.serving.server import serve
 
-    serve(target, adapter or (), base, name, host, port, token, backend, max_batch, max_tokens)
+    canary = {"share": canary_share, "alpha": canary_alpha, "power": canary_power,
+              "margin": canary_margin}
+    serve(target, adapter or (), base, name, host, port, token, backend, max_batch, max_tokens,
+          canary, canary_log)
 
 
 policies_app = typer.Typer(no_args_is_help=True,

@@ -178,7 +178,9 @@ class ModelHost:
                 ranks[s.base.resolve()] = max(ranks.get(s.base.resolve(), 0), int(rank))
         self._ranks = ranks
         self.current: dict[str, Version] = {}
-        self._live: list[Version] = []  # current and draining versions
+        self.candidates: dict[str, Version] = {}  # a canary's version beside the current one
+        self._numbers: dict[str, int] = {}  # the last version number given per name
+        self._live: list[Version] = []  # current, candidate and draining versions
         for s in sources:
             self.current[s.name] = self._attach(Staged(s, None), 0)
 
@@ -203,14 +205,15 @@ class ModelHost:
         module.users += 1
         with self._lock:
             self._live.append(version)
+            self._numbers[s.name] = number
         return version
 
     # ------------------------------------------------------------------ requests
-    def acquire(self, name: str, count: int = 1) -> Version:
+    def acquire(self, name: str, count: int = 1, candidate: bool = False) -> Version:
         """Binds ``count`` prompts of an admitted request to ``name``'s current version (each
-        released once). Raises KeyError."""
+        released once), or to its canary candidate. Raises KeyError."""
         with self._lock:
-            version = self.current[name]
+            version = (self.candidates if candidate else self.current)[name]
             version.users += count
             return version
 
@@ -250,9 +253,33 @@ class ModelHost:
     def commit(self, staged: Staged) -> Version:
         """Makes staged weights the current version of their name (call on the batcher
         thread); the old version is unloaded once its last request is answered."""
+        return self.promote(self._attach(staged, self._numbers[staged.source.name] + 1))
+
+    def add_candidate(self, staged: Staged) -> Version:
+        """Loads staged weights as ``name``'s canary candidate beside its current version (call
+        on the batcher thread); it stays loaded until :meth:`promote` or :meth:`withdraw`."""
         name = staged.source.name
-        new = self._attach(staged, self.current[name].number + 1)
+        if name in self.candidates:
+            raise AgentrtError(f"{name!r} has a candidate already")
+        new = self._attach(staged, self._numbers[name] + 1)
         with self._lock:
+            new.users += 1  # the canary's hold, released by promote or withdraw
+            self.candidates[name] = new
+        return new
+
+    def withdraw(self, candidate: Version) -> None:
+        """Rolls a candidate back: unloaded once its last request is answered (batcher thread)."""
+        with self._lock:
+            del self.candidates[candidate.name]
+        self.release(candidate)
+
+    def promote(self, new: Version) -> Version:
+        """Makes a loaded version (a candidate) its name's current one (batcher thread)."""
+        name = new.name
+        with self._lock:
+            if self.candidates.get(name) is new:
+                del self.candidates[name]
+                new.users -= 1  # the canary's hold
             old, self.current[name] = self.current[name], new
             drained = old.users == 0
         if drained:
@@ -276,7 +303,8 @@ class ModelHost:
             return [{"model": v.name, "version": v.number, "fingerprint": v.fingerprint,
                      "path": str(v.source.path),
                      "base": str(v.source.base) if v.source.base else None,
-                     "current": self.current.get(v.name) is v, "pending": v.users}
+                     "current": self.current.get(v.name) is v,
+                     "candidate": self.candidates.get(v.name) is v, "pending": v.users}
                     for v in self._live]
 
     def close(self) -> None:

@@ -8,7 +8,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from agentrt.errors import AgentrtError
 
@@ -33,11 +33,32 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def canary_defaults(**options: Any) -> dict[str, Any]:
+    """The ``--canary-*`` options that are set, checked as canary settings (docs/serving.md).
+
+    Raises:
+        AgentrtError: one line naming the first bad option.
+    """
+    from pydantic import ValidationError
+
+    from agentrt.canary import CanaryTest
+    from agentrt.config import format_validation_error
+
+    given = {k: v for k, v in options.items() if v is not None}
+    try:
+        CanaryTest(**given)
+    except ValidationError as exc:
+        raise AgentrtError(f"--canary-{format_validation_error(exc)}") from None
+    return given
+
+
 def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
           name: str | None = None, host: str = "127.0.0.1", port: int = 8000,
           token: str | None = None, backend: str = "hf", max_batch: int = 32,
-          max_tokens: int = 64) -> None:
-    """Serves ``target``'s models until interrupted (see docs/serving.md).
+          max_tokens: int = 64, canary: dict[str, Any] | None = None,
+          canary_log: Path = Path("canary.jsonl")) -> None:
+    """Serves ``target``'s models until interrupted (see docs/serving.md); ``canary`` holds
+    the settings a ``POST /admin/canary`` body leaves out (:func:`canary_defaults`).
 
     Raises:
         AgentrtError: a bad target, option or port, before anything is loaded or bound.
@@ -50,6 +71,9 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
         raise AgentrtError("--max-batch and --max-tokens must be at least 1")
     if not 0 <= port <= 65535:
         raise AgentrtError(f"--port {port} is not a TCP port (0-65535; 0: any free port)")
+    canary = canary_defaults(**(canary or {}))
+    if canary_log.is_dir():
+        raise AgentrtError(f"--canary-log {canary_log} is a folder; give a file path")
     token = token or os.environ.get(TOKEN_ENV) or None
     sources = find_sources(target, adapters, base, name)
     if host not in ("127.0.0.1", "localhost", "::1") and token is None:
@@ -64,7 +88,8 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
 
     models = ModelHost(sources, backend, max_batch)
     batcher = Batcher(models, max_batch).start()
-    app = Api(models, batcher, token, max_tokens).app()
+    app = Api(models, batcher, token, max_tokens, canary_log=canary_log,
+              canary_defaults=canary).app()
     url = f"http://{host}:{sock.getsockname()[1]}"
     print(started_line(models, url, backend), file=sys.stdout, flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
