@@ -271,6 +271,12 @@ def _run_canaries(url: str, folders: dict, texts: dict, log_path: Path) -> None:
     res = client(url).completions.create(model="chat", prompt="x", max_tokens=2)
     out = _admin(url, "POST", "/v1/feedback", json={"id": res.id, "reward": 3})
     assert out.status_code == 400 and out.json()["error"]["param"] == "reward"
+    chunks = list(client(url).completions.create(model="chat", prompt="x", max_tokens=2,
+                                                 stream=True))
+    out = _admin(url, "POST", "/v1/feedback", json={"id": chunks[0].id, "reward": 1})
+    assert out.status_code == 200 and out.json()["counted"], out.text  # a streamed response
+    assert _admin(url, "POST", "/v1/feedback", json={"id": chunks[0].id, "reward": 1}
+                  ).status_code == 404  # each response counts once
 
     records, failures = _traffic(url, seed=7, feedback=True, limit=bound * 2)
     assert failures == []
