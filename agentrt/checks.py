@@ -110,9 +110,9 @@ def resolve(kind: str, cfg: Any) -> None:
     """
     if kind == "train":
         from agentrt.data import check_source
-        from agentrt.rewards import resolve_reward
+        from agentrt.rewards import check_reward
 
-        resolve_reward(cfg.reward)
+        check_reward(cfg.reward)  # functions import, model folders classify, services answer
         check_model_path("policy.model.path", cfg.policy.model.path)
         check_source(cfg.task)  # a data file's mapped columns
         return

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_serializer, model_validator
+from pydantic import (BeforeValidator, Field, SerializeAsAny, ValidationError, field_serializer,
+                      model_validator)
 
 from agentrt.errors import ConfigError
 from agentrt.memory.augment import MemoryConfig
+from agentrt.rewards.sources import RewardSource, parse_reward
 from agentrt.schema import ConfigModel
 
 
@@ -401,9 +403,10 @@ class TrainConfig(Section):
     run_dir: str = Field("runs/train", description="Output folder for this run.")
     threads: int | None = Field(None, gt=0, description="torch threads (default: all cores).")
     task: TaskConfig = Field(default_factory=TaskConfig)
-    reward: str = Field(
-        "exact_match", description="Reward name in agentrt.rewards or 'module:function'."
-    )
+    reward: Annotated[str | list[SerializeAsAny[RewardSource]], BeforeValidator(parse_reward)] = \
+        Field("exact_match", description="Reward name in agentrt.rewards or 'module:function'; "
+              "or a source ({python: ..}, {http: URL}, {model: FOLDER}) or a list of sources "
+              "with weights (docs/rewards.md).")
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     train: LoopConfig = Field(default_factory=LoopConfig)
@@ -431,14 +434,18 @@ class TrainConfig(Section):
         return self
 
 
-def format_validation_error(err: ValidationError) -> str:
-    """One line per problem: 'policy.optim.lr: Input should be greater than 0 (got -1)'."""
+def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """One line per problem: 'policy.optim.lr: Input should be greater than 0 (got -1)'.
+
+    ``prefix`` goes before each location (a list item validated on its own: 'reward.0.')."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
+        loc = prefix + ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
         shown = "" if isinstance(got, dict) or e["type"] == "missing" else f" (got {got!r})"
+        if loc and msg.startswith(f"{loc}."):  # the message names a place inside the field
+            loc, shown = "", ""
         # A check across fields (no location) names its fields in its own message.
         lines.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")
     return "; ".join(lines)

@@ -63,10 +63,19 @@ class RunGuard:
         rate = metrics.get("reward/error_rate")
         if rate is None or rate <= self.cfg.max_reward_error_rate:
             return
+        down = [k.split("/")[1] for k, v in metrics.items()
+                if k.startswith("reward/") and k.endswith("/unavailable") and v]
+        if down:  # a reward service did not answer within its retries
+            why = (f"reward service {', '.join(down)} did not answer within its retries "
+                   f"(reward/{down[0]}/down_s={metrics.get(f'reward/{down[0]}/down_s', 0):.1f})")
+            fix = "start the service (or fix its URL) and run again to resume"
+        else:
+            why = f"raised, NaN/inf or beyond ±{REWARD_LIMIT:g}"
+            fix = "fix the reward function"
         raise RunStopped(
-            f"step {step}: the reward failed on {rate:.0%} of the samples (raised, NaN/inf or "
-            f"beyond ±{REWARD_LIMIT:g}; more than guards.max_reward_error_rate="
-            f"{self.cfg.max_reward_error_rate:g}); fix the reward function; {self._kept()}")
+            f"step {step}: the reward failed on {rate:.0%} of the samples ({why}; more than "
+            f"guards.max_reward_error_rate={self.cfg.max_reward_error_rate:g}); {fix}; "
+            f"{self._kept()}")
 
     def check_updates(self, step: int, per_policy: dict[str, dict[str, float]]) -> None:
         """Counts steps whose every update was skipped for a non-finite loss or gradient."""

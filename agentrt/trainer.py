@@ -21,8 +21,10 @@ from agentrt.data import open_source
 from agentrt.data.sources import PromptSampler  # noqa: F401 - imported from here too
 from agentrt.episodes import EPISODES, EpisodeLog, step_episodes
 from agentrt.policies.lm import LMPolicy, PromptTemplate
-from agentrt.rewards import exact_match, resolve_reward
+from agentrt.rewards import build_executor, check_reward, exact_match, sources_of
+from agentrt.rewards.deferred import score_trajectories, trainable
 from agentrt.run import RunDir, seed_everything
+from agentrt.weights import resolve_device
 from agentrt.runner.core import EpisodeSpec, RunnerConfig, RunResult
 from agentrt.tasks import Example, encode_prompt
 from agentrt.types import Trajectory, Turn
@@ -72,7 +74,7 @@ class PromptWorkload:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
         t = cfg.task
-        resolve_reward(cfg.reward)  # a bad reward name fails before any work
+        check_reward(cfg.reward)  # a bad reward name, model folder or dead URL: before any work
         self.source = open_source(t, cfg.seed)  # a task's, a file's or a stream's examples
         self.pid = cfg.policy.id
         self.algo = cfg.policy.algorithm
@@ -93,7 +95,7 @@ class PromptWorkload:
     def specs(self, examples: list[Example], group: bool) -> list[EpisodeSpec]:
         """``Task-v0`` episodes of ``examples``: the spec carries each example to the env
         (``group_size`` of each, one group per example, when ``group``)."""
-        kwargs = {"task": self.cfg.task.name, "reward": self.cfg.reward}
+        kwargs = {"task": self.cfg.task.name, "reward": None}  # scored in batch (record)
         g = self.cfg.train.group_size if group else 1
         return [EpisodeSpec("Task-v0", (self.pid,), seed=i, env_kwargs=kwargs,
                             options={"example": {"prompt": ex.prompt, "answer": ex.answer,
@@ -107,6 +109,9 @@ class PromptWorkload:
         self.tokenizer = ctl.tokenizer(self.pid)
         self.source.start(self.tokenizer)
         self.eval_set = self.source.eval_examples()
+        self.rewards = build_executor(  # keys of a shared reward service: this run and policy
+            sources_of(self.cfg.reward), str(resolve_device(self.cfg.policy.model.device)),
+            namespace=f"{ctl.run_dir.path.resolve()}#{self.pid}")
         handle = ctl.handle(self.pid)
         sampling = self.cfg.policy.rollout.sampling
         self.policy = LMPolicy(handle, TASK_TEMPLATE)
@@ -157,18 +162,19 @@ class PromptWorkload:
     def record(self, played: RunResult, step: int) -> dict[str, float]:
         if not played.trajectories:
             return {}
+        scored = score_trajectories(self.rewards, played, f"s{step}")  # one batch per source
         # The episode log (agentrt.episodes): this step's rows replace any a killed run wrote.
         sampling = self.cfg.policy.rollout.sampling.model_dump(mode="json")
         EpisodeLog(self.cfg.run_dir).append_step(
             step, step_episodes(played, step, sampling, self.tokenizer))
-        return rollout_metrics(played)
+        return rollout_metrics(played) | scored
 
     def training_data(self, played: RunResult, step: int) -> dict[str, Any]:
         if self.offline:
             assert self.rows is not None
             return {self.pid: self.rows.next(self.cfg.train.prompts_per_step)}
         self.source.finished(played.trajectories, step)  # a stream source's episode sink
-        return {self.pid: played.trajectories}
+        return {self.pid: trainable(played.trajectories)}  # never a failed reward
 
     def after_step(self, ctl: Controller, step: int) -> dict[str, float]:
         return self.source.metrics()  # data/skipped_rows, ... of a file source
@@ -187,6 +193,7 @@ class PromptWorkload:
         from agentrt.runner.core import EpisodeRunner
 
         played = EpisodeRunner({self.pid: self.eval_policy}, self.runner).run(specs)
+        scored = score_trajectories(self.rewards, played, f"e{ctl.step}")
         accuracy, lengths = 0.0, []
         for traj in played.trajectories:
             turn = traj.turns[0]
@@ -196,7 +203,8 @@ class PromptWorkload:
         n = max(1, len(played.episodes))
         out = {"eval/accuracy": accuracy / n,
                "eval/reward": sum(sum(r.returns.values()) for r in played.episodes) / n,
-               "eval/response_length": sum(lengths) / max(1, len(lengths))}
+               "eval/response_length": sum(lengths) / max(1, len(lengths)),
+               "eval/reward_errors": scored["reward/errors"]}
         if self.pref_eval:
             out |= self.pool.preference_eval(self.pref_eval, adapter=self.pid)
         return out
@@ -213,22 +221,25 @@ class PromptWorkload:
             self.rows.load_state_dict(state["rows"])
         self._set_reference(state.get("ref_logps") or [])
 
+    def close(self) -> None:
+        self.source.close()
+        if hasattr(self, "rewards"):
+            self.rewards.close()
+
     def finish(self, ctl: Controller) -> None:
         if ctl.step == self.steps:
             ctl.save_pretrained(self.pid, ctl.run_dir.path / "final_model")
 
 
 def rollout_metrics(played: RunResult) -> dict[str, float]:
-    """reward/, rollout/ and perf/ metrics of one step's one-turn episodes."""
+    """reward/, rollout/ and perf/ metrics of one step's one-turn episodes (scored: the failed
+    rewards are counted by agentrt.rewards.deferred.score_trajectories)."""
     trajs = played.trajectories
     rewards = torch.tensor([t.reward for t in trajs])
     lengths = torch.tensor([len(t.turns[0].response_ids) for t in trajs], dtype=torch.float32)
-    errors = sum(float(r.final_infos[a].get("reward_errors", 0)) for r in played.episodes
-                 for a in r.final_infos)
     seconds = played.metrics.get("timing_s/rollout", 0.0)
     return {"reward/mean": float(rewards.mean()),
             "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0,
-            "reward/errors": errors, "reward/error_rate": errors / len(trajs),
             "rollout/response_length": float(lengths.mean()),
             "rollout/finished_rate": sum(t.turns[0].finished for t in trajs) / len(trajs),
             "perf/tokens_per_s": float(lengths.sum()) / max(seconds, 1e-9)}
@@ -264,5 +275,5 @@ class Trainer:
         try:
             return self.controller.run(self.workload, stop_after)
         finally:
-            self.workload.source.close()
+            self.workload.close()  # reward pools and models
             self.controller.shutdown()  # Ray: workers killed, Ray stopped if this run started it

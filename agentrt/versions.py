@@ -53,11 +53,13 @@ def provenance(config: dict[str, Any], base: Path) -> dict[str, Any]:
         data["task"] = {k: t.get(k) for k in ("name", "options", "seed", "train_size")}
         from agentrt.rewards import REWARDS
 
-        name = config.get("reward")
-        try:
-            reward[name] = source_sha(REWARDS.get(name))
-        except (KeyError, ConfigError):
-            reward[name] = None
+        given = config.get("reward")  # a name, or sources: a function's source is hashed
+        for name in [given] if isinstance(given, str) else [s.get("python") or s.get("http")
+                                                            or s.get("model") for s in given]:
+            try:
+                reward[name] = source_sha(REWARDS.get(name))
+            except (KeyError, ConfigError):
+                reward[name] = None
     path = (config.get("data") or {}).get("path")
     if path:
         p = Path(path) if Path(path).is_absolute() else base / path

@@ -25,6 +25,7 @@ import numpy as np
 
 from agentrt.envs.core import TextEnv, action_text
 from agentrt.rewards import resolve_reward, score
+from agentrt.rewards.deferred import deferred_info
 from agentrt.tasks import Example, make_splits
 
 
@@ -51,7 +52,9 @@ class TaskEnv(_OneShot):
         split: "train" or "eval" (disjoint prompts).
         options: Task options (e.g. ``{"digits": 3}``).
         train_size / eval_size / seed: Passed to ``agentrt.tasks.make_splits``.
-        reward: Reward name or "module:function" (see ``agentrt.rewards``).
+        reward: Reward name or "module:function" (see ``agentrt.rewards``); None leaves the
+            reward to a batch scored after the episode (``agentrt.rewards.deferred``): the
+            episode ends with reward 0 and what the reward needs in its final info.
 
     ``reset(options={"example": {"prompt": p, "answer": a, "info": {...}}})`` plays that
     example (no task is generated); otherwise ``reset(seed=s)`` draws one of the task's split
@@ -60,7 +63,7 @@ class TaskEnv(_OneShot):
 
     def __init__(self, task: str = "arithmetic", split: str = "train",
                  options: dict[str, Any] | None = None, train_size: int = 2000,
-                 eval_size: int = 256, seed: int = 1234, reward: str = "exact_match",
+                 eval_size: int = 256, seed: int = 1234, reward: str | None = "exact_match",
                  render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode, max_obs_chars=1024, max_action_chars=32)
         if split not in ("train", "eval"):
@@ -68,7 +71,7 @@ class TaskEnv(_OneShot):
         self._split = (task, json.dumps(options or {}, sort_keys=True), train_size, eval_size,
                        seed, split)
         self.task = task
-        self.reward_fn = resolve_reward(reward)
+        self.reward_fn = resolve_reward(reward) if reward is not None else None
         self.example: Example | None = None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -91,8 +94,11 @@ class TaskEnv(_OneShot):
             return self._after_end()
         text = action_text(action) or ""
         ex = self.example
-        (reward,), errors = score(self.reward_fn, [(ex.prompt, text, dict(ex.info))])
         self._over = True
+        if self.reward_fn is None:
+            return "", 0.0, True, False, {"answer": ex.answer, "invalid_action": False,
+                                          **deferred_info(ex.prompt, text, ex.info)}
+        (reward,), errors = score(self.reward_fn, [(ex.prompt, text, dict(ex.info))])
         return "", float(reward), True, False, {"answer": ex.answer, "reward_errors": errors,
                                                 "invalid_action": False}
 
