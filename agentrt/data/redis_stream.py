@@ -50,20 +50,18 @@ class RedisSource(_NoCommit):
 
     options_model = RedisStreamOptions
 
+    @staticmethod
+    def check(opts: RedisStreamOptions) -> None:
+        """Redis answers (before any work; raises PromptDataError, one line)."""
+        _connect(opts).close()
+
     def __init__(self, task: Any, seed: int) -> None:
         import redis
-
-        from agentrt.memory.errors import BackendUnavailableError
-        from agentrt.memory.redis_bank import connect
 
         self.opts = o = RedisStreamOptions(**task.options)
         self.where = f"redis stream {o.stream!r} at {redact(o.redis.url)}"
         self._errors = (redis.RedisError, OSError)
-        try:
-            self.client = connect(o.redis)
-        except BackendUnavailableError as exc:
-            raise PromptDataError(str(exc).replace("memory.redis.", "task.options.redis.")
-                                  ) from None
+        self.client = _connect(o)
         self._call(self._create_group)
         self.skipped = SkipCounter(self.where)
         self.unacked: list[str] = []  # entries read since the last checkpoint
@@ -185,6 +183,17 @@ class RedisSource(_NoCommit):
 
     def close(self) -> None:
         self.client.close()
+
+
+def _connect(opts: RedisStreamOptions) -> Any:
+    """A client that has answered PING (the memory banks' connection rules)."""
+    from agentrt.memory.errors import BackendUnavailableError
+    from agentrt.memory.redis_bank import connect
+
+    try:
+        return connect(opts.redis)
+    except BackendUnavailableError as exc:
+        raise PromptDataError(str(exc).replace("memory.redis.", "task.options.redis.")) from None
 
 
 def _row(fields: dict[bytes, bytes] | None) -> Any:
