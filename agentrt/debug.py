@@ -282,8 +282,9 @@ class _Actor:
     def _load_model(self) -> tuple[Any, Any]:
         from agentrt.policies import load_model
 
-        m = self.cfg.policy.model
-        folder = Path(m.path) if m.path is not None else self.run_dir / f"base_model_{m.preset}"
+        from agentrt.leakage import run_model_folder
+
+        folder = run_model_folder(self.cfg, self.run_dir)
         if not (folder / "config.json").is_file():
             raise ConfigError(f"the run's model folder {folder} is missing; agentrt debug needs "
                               "it to compute log-probs")

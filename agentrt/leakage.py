@@ -54,7 +54,7 @@ def memory_texts(run_dir: Path) -> list[tuple[str, str]]:
 
 def leakage_cause(run_dir: Path, cfg: Any, s: Sample, embedder: str = "hashing") -> Cause:
     """Exact and embedding matches of the prompt and answer in training data and memory."""
-    train, evals, what = training_data(cfg)
+    train, evals, what = training_data(cfg, run_dir)
     mem = memory_texts(run_dir)
     ev = [f"training data: {what}; memory: {len(mem)} records in "
           f"{len({b for b, _ in mem})} FAISS banks"]
@@ -67,18 +67,23 @@ def leakage_cause(run_dir: Path, cfg: Any, s: Sample, embedder: str = "hashing")
                   "embedder": embedder})
 
 
-def training_data(cfg: Any) -> tuple[list[Any], list[Any], str]:
-    """(train, eval) examples of the run and what they are: the task's splits, and the rows of
-    a preference data file (``data.path``; its best response as the answer)."""
+def training_data(cfg: Any, run_dir: Path) -> tuple[list[Any], list[Any], str]:
+    """(train, eval) examples of the run and what they are: the task's splits or the rows of a
+    prompt file (``task: {name: dataset}``), and the rows of a preference data file
+    (``data.path``; its best response as the answer)."""
     from agentrt.tasks import TASKS, Example, make_splits
 
     t = cfg.task
     if t.name in TASKS:
         train, evals = make_splits(t.name, t.options, t.train_size, t.eval_size, t.seed)
         what = [f"{t.name} train split ({len(train)} prompts, seed {t.seed})"]
-    else:  # a prompt source (a file, a stream): not enumerated here
+    elif t.name == "dataset":
+        train, evals = file_examples(cfg, run_dir)
+        what = [f"prompt file {t.options.get('path')} ({len(train)} training rows, "
+                f"{len(evals)} held out)"]
+    else:  # a stream (redis): its prompts are gone once trained on
         train, evals = [], []
-        what = [f"task {t.name!r} is not a built-in task; its prompts are not checked"]
+        what = [f"task {t.name!r} is a stream; its prompts are not checked"]
     if cfg.data.path is not None:
         from agentrt.preference import parse_row, read_rows
 
@@ -87,6 +92,35 @@ def training_data(cfg: Any) -> tuple[list[Any], list[Any], str]:
                          ranks, _ in rows]
         what.append(f"data file {cfg.data.path} ({len(rows)} rows)")
     return train, evals, "; ".join(what)
+
+
+def file_examples(cfg: Any, run_dir: Path) -> tuple[list[Any], list[Any]]:
+    """Every training row of a prompt file (the rows its held-out test keeps out of the
+    eval split) and its eval examples, as the run's source renders them (chat messages with the
+    run's tokenizer's template)."""
+    from agentrt.data import open_source
+    from agentrt.data.config import resolved_format
+    from agentrt.data.readers import open_reader
+    from agentrt.data.stream import SkipCounter, scan
+
+    source = open_source(cfg.task, cfg.seed)
+    folder = run_model_folder(cfg, run_dir)
+    if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        source.start(AutoTokenizer.from_pretrained(folder))
+    o = source.opts
+    reader = open_reader(o.path, resolved_format(o.path, o.format), o.split,
+                         list(o.columns.names().values()))
+    rows = scan(reader, o.columns, SkipCounter(o.path, warn=False))
+    return ([source.example(r) for r in rows if not source.held_out(r)],
+            source.eval_examples())
+
+
+def run_model_folder(cfg: Any, run_dir: Path) -> Path:
+    """The run's model folder: ``model.path``, or the preset it built in the run folder."""
+    m = cfg.policy.model
+    return Path(m.path) if m.path is not None else run_dir / f"base_model_{m.preset}"
 
 
 def _exact(s: Sample, train: list[Any], evals: list[Any], mem: list[tuple[str, str]],
@@ -123,36 +157,50 @@ def _exact(s: Sample, train: list[Any], evals: list[Any], mem: list[tuple[str, s
 
 
 def _embedded(s: Sample, train: list[Any], mem: list[tuple[str, str]], embedder: str,
-              why: list[str], ev: list[str]) -> None:
+              why: list[str], ev: list[str], chunk: int = 8192) -> None:
     """Embedding matches (cosine >= COSINE) of the prompt and the answer; appends reasons and
     evidence. A near-duplicate prompt counts when it carries the same answer (a train
     example's answer, or a memory record holding it): '32+15=' and '32+28=' embed alike but
-    answer differently. A trained episode's own train prompt is no match."""
-    import numpy as np
+    answer differently. A trained episode's train matches are expected, not counted. The
+    corpus is embedded ``chunk`` texts at a time (memory stays bounded)."""
 
     from agentrt.memory.embedders import build_embedder
 
-    corpus = [ex.prompt for ex in train] + [x for _, x in mem]
+    corpus = [(ex.prompt, _norm(ex.answer), True) for ex in train] + \
+             [(x, None, False) for _, x in mem]
     if not corpus:
         return
     prompt, answer = _norm(s.prompt), _norm(str(s.info.get("answer", "")))
     emb = build_embedder(embedder, 1024 if embedder == "hashing" else None)
-    vecs = emb.encode(corpus)
-    sims = emb.encode([s.prompt, answer or s.prompt]) @ vecs.T  # [2, corpus]
-    best = int(np.argmax(sims[0]))
-    near, text = float(sims[0, best]), corpus[best]
-    carries = answer != "" and (_norm(train[best].answer) == answer if best < len(train)
-                                else answer in _norm(text))
-    ev.append(f"embedding ({embedder}): nearest to the prompt {clip(text)} cosine {near:.3f}"
-              + (", same answer" if carries else ""))
-    own = s.trained and best < len(train)
-    if near >= COSINE and carries and not own and _norm(text) != prompt:
-        why.append(f"a near-duplicate (cosine {near:.2f} >= {COSINE:g}) with the same answer "
-                   "is in the training data or memory")
-    if len(answer) >= MIN_ANSWER_CHARS:
-        best = int(np.argmax(sims[1]))
-        ev.append(f"embedding: nearest to the answer {clip(corpus[best])} cosine "
-                  f"{float(sims[1, best]):.3f}")
-        if float(sims[1, best]) >= COSINE and not (s.trained and best < len(train)):
-            why.append(f"the answer embeds as {clip(corpus[best])} (cosine "
-                       f"{float(sims[1, best]):.2f})")
+    queries = emb.encode([s.prompt, answer or s.prompt])
+    best: dict[str, tuple[float, str]] = {}  # "prompt", "same" (carrying the answer), "answer"
+
+    def keep(key: str, score: float, text: str) -> None:
+        if score > best.get(key, (-2.0, ""))[0]:
+            best[key] = (score, text)
+
+    for start in range(0, len(corpus), chunk):
+        part = corpus[start:start + chunk]
+        sims = queries @ emb.encode([text for text, _, _ in part]).T  # [2, chunk]
+        for j, (text, their_answer, is_train) in enumerate(part):
+            keep("prompt", float(sims[0, j]), text)
+            if is_train and s.trained:
+                continue
+            carries = answer != "" and (their_answer == answer if is_train
+                                        else answer in _norm(text))
+            if carries and _norm(text) != prompt:
+                keep("same", float(sims[0, j]), text)
+            keep("answer", float(sims[1, j]), text)
+    near, text = best["prompt"]
+    ev.append(f"embedding ({embedder}): nearest to the prompt {clip(text)} cosine {near:.3f}")
+    if "same" in best:
+        near, text = best["same"]
+        ev.append(f"embedding: nearest with the same answer {clip(text)} cosine {near:.3f}")
+        if near >= COSINE:
+            why.append(f"a near-duplicate (cosine {near:.2f} >= {COSINE:g}) with the same "
+                       "answer is in the training data or memory")
+    if len(answer) >= MIN_ANSWER_CHARS and "answer" in best:
+        near, text = best["answer"]
+        ev.append(f"embedding: nearest to the answer {clip(text)} cosine {near:.3f}")
+        if near >= COSINE:
+            why.append(f"the answer embeds as {clip(text)} (cosine {near:.2f})")

@@ -158,6 +158,26 @@ def test_prompt_in_a_preference_data_file(runs: Path, tmp_path: Path) -> None:
     assert "data file" in report.causes[2].evidence[0]
 
 
+def test_prompt_in_a_prompt_file(runs: Path, tmp_path: Path) -> None:
+    rows = tmp_path / "prompts.jsonl"  # the first 4 rows are held out for eval
+    rows.write_text("".join(json.dumps({"q": f"{a}-{a // 3}=", "a": str(a - a // 3)}) + "\n"
+                            for a in range(100, 140)))
+    cfg = validate_config({
+        "run_dir": str(tmp_path / "file"), "progress": False, "threads": 1,
+        "task": {"name": "dataset", "eval_size": 4,
+                 "options": {"path": str(rows), "columns": {"prompt": "q", "answer": "a"}}},
+        "policy": {"model": {"path": str(runs / "nano")},
+                   "rollout": {"sampling": {"max_new_tokens": 2}}},
+        "train": {"steps": 1, "prompts_per_step": 2, "group_size": 2}, "eval": {"every": 100}})
+    Trainer(cfg).run()
+    for a, leaked in [(120, True), (101, False)]:
+        (tmp_path / "s.json").write_text(json.dumps({
+            "prompt": f"{a}-{a // 3}=", "response": "?", "info": {"answer": str(a - a // 3)}}))
+        leak = diagnose(tmp_path / "file", str(tmp_path / "s.json")).causes[2]
+        assert leak.found is leaked and leak.data["in_eval"] is not leaked, leak.evidence
+        assert "36 training rows, 4 held out" in leak.evidence[0]
+
+
 def test_clean_sample_and_cli_report(runs: Path, monkeypatch, capsys) -> None:
     code, out, err = run_cli(monkeypatch, capsys, "debug", str(runs / "clean"), "s2-3")
     assert code == 0, err
