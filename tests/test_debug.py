@@ -1,7 +1,8 @@
 """``agentrt debug`` (issue 15, must-show 5): the right verdict for three planted bad samples in
 real tiny runs, and none for a clean one.
 
-- reward: a run whose reward function draws from ``random`` -> its episode's verdict is reward;
+- reward: a run whose reward (a weighted sum of two sources) draws from ``random`` -> its
+  episode's verdict is reward;
 - leakage: a JSON sample whose prompt is a train-split prompt (as given, and reformatted so only
   the embedding matches) -> leakage; an eval prompt -> no leakage;
 - actor: a run whose policy is fine-tuned on one logged response for a few SFT steps between
@@ -63,8 +64,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (tmp / "my_rewards.py").write_text(REWARDS)
     sys.path.insert(0, str(tmp))
     try:
+        flaky = [{"python": "my_rewards:flaky", "weight": 0.5},  # scored as the run scored
+                 {"python": "exact_match", "weight": 0.5}]
         for name, reward, steps in [("clean", "exact_match", 2), ("drift", "exact_match", 2),
-                                    ("flaky", "my_rewards:flaky", 1)]:
+                                    ("flaky", flaky, 1)]:
             cfg = validate_config({
                 "seed": 0, "run_dir": str(tmp / name), "progress": False, "threads": 1,
                 "task": TASK, "reward": reward,
@@ -87,6 +90,7 @@ def test_non_deterministic_reward(runs: Path) -> None:
     assert report.verdict == ["reward"]
     reward = report.causes[0]
     assert len(set(reward.data["scores"])) > 1 and "non-deterministic" in reward.summary
+    assert "0.5 x python my_rewards:flaky + 0.5 x python exact_match" in reward.evidence[0]
 
 
 def test_prompt_in_training_data(runs: Path, tmp_path: Path) -> None:
