@@ -14,6 +14,7 @@ import yaml
 from pydantic import (BeforeValidator, Field, SerializeAsAny, ValidationError, field_serializer,
                       model_validator)
 
+from agentrt.drift import DriftConfig
 from agentrt.errors import ConfigError
 from agentrt.memory.augment import MemoryConfig
 from agentrt.rewards.sources import RewardSource, parse_reward
@@ -416,6 +417,7 @@ class TrainConfig(Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     guards: GuardsConfig = Field(default_factory=GuardsConfig)
+    drift: DriftConfig = Field(default_factory=DriftConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
 
     @model_validator(mode="after")

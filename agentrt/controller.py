@@ -32,6 +32,7 @@ import yaml
 
 from agentrt.config import (ExportConfig, GuardsConfig, PolicyConfig, RuntimeConfig,
                             SamplingConfig)
+from agentrt.drift import DriftConfig, DriftMonitor, DriftPaused, weights_sha256
 from agentrt.engine import Completion
 from agentrt.exporters import Exporters, code_version
 from agentrt.guards import RunGuard
@@ -41,7 +42,7 @@ from agentrt.pool import BasePool, LocalPool
 from agentrt.ray_pool import PolicyPool
 from agentrt.progress import StepProgress
 from agentrt.identity import RunFolderError
-from agentrt.run import RunDir, Timer, rng_state, set_rng_state
+from agentrt.run import RunDir, Timer, load_checkpoint, rng_state, set_rng_state, truncate_jsonl
 from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunnerConfig, RunResult
 from agentrt.threads import ThreadTuner, forward_probe, threads_auto
 from agentrt.threads import set_threads  # noqa: F401 - the commands set threads from here
@@ -134,11 +135,13 @@ class Controller:
         preference_pairs: Pairs of a ranked list a preference loss uses ("all", "best_worst").
         guards: When the run stops instead of going nowhere (:mod:`agentrt.guards`).
         export: Where each metrics row also goes (Prometheus, MLflow: :mod:`agentrt.exporters`).
+        drift: Drift detection on the learners' rollouts and its action (:mod:`agentrt.drift`).
     """
 
     def __init__(self, policies: list[PolicyConfig], runtime: RuntimeConfig, run_dir: RunDir,
                  seed: int = 0, total_steps: int = 1000, preference_pairs: str = "all",
-                 guards: GuardsConfig | None = None, export: ExportConfig | None = None) -> None:
+                 guards: GuardsConfig | None = None, export: ExportConfig | None = None,
+                 drift: DriftConfig | None = None) -> None:
         self.run_dir = run_dir
         self.export = export
         self.exporters = Exporters(None, run_dir.path)
@@ -146,6 +149,9 @@ class Controller:
         self.last_metrics: dict[str, Any] = {}
         self.preference_pairs = preference_pairs
         self.guard = RunGuard(guards or GuardsConfig())
+        self.drift = (DriftMonitor(drift, run_dir.path, lambda pid, ids: self.tokenizer(pid)
+                                   .decode(ids, skip_special_tokens=True))
+                      if drift is not None and drift.enabled else None)
         self.cfgs = {p.id: p for p in policies}
         self.pools: list[BasePool] = []
         try:
@@ -277,6 +283,10 @@ class Controller:
             specs = work.next_episodes(step)
             played = self.play(work, specs) if specs else RunResult([], [], {})
         metrics = work.record(played, step)
+        if self.drift is not None:  # the learners' samples, before they are trained on
+            learners = set(self.learners())
+            metrics |= self.drift.observe(step, [t for t in played.trajectories
+                                                 if t.policy_id in learners])
         self.guard.check_rewards(step, metrics)  # before the failed samples are trained on
         with self.timer("train"):
             learned = self.learn(work.training_data(played, step))
@@ -292,9 +302,43 @@ class Controller:
         self.exporters.emit(step, metrics)
         self.last_metrics = metrics
         bar.update(step, metrics)
-        if step % work.checkpoint_every == 0 or step == work.steps:
-            self.save(work)
+        if self.drift is not None and self.drift.alert is not None:
+            self._drift_action(work, self.drift.alert)
+        if self.step == step and (step % work.checkpoint_every == 0 or step == work.steps):
+            self.save(work)  # (a retrain went back to an earlier step: nothing new to save)
         return metrics
+
+    def _drift_action(self, work: Workload, alert: dict[str, Any]) -> None:
+        """The drift alert's action (:mod:`agentrt.drift`): pause saves and stops; rollback
+        and retrain load the last good checkpoint's policies and workload state (this process's
+        RNG goes on: fresh samples), retrain also its step."""
+        assert self.drift is not None
+        if alert["action"] == "log":
+            return
+        if alert["action"] == "pause":
+            message = self.drift.pause_message(alert, self.step)
+            self.save(work)
+            raise DriftPaused(message)
+        good = alert["rollback_to"]
+        ckpt = self.run_dir.ckpt_dir / f"step_{good}"
+        state = load_checkpoint(ckpt)
+        before = self._fingerprints()
+        for pool in self.pools:
+            pool.load_state_dict({**state["pools"][pool.cfg.id], "rng": None})
+        work.load_state_dict(state["workload"])
+        event = {"event": alert["action"], "step": self.step, "checkpoint_step": good,
+                 "checkpoint": str(ckpt.relative_to(self.run_dir.path)),
+                 "weights_before": before, "weights_after": self._fingerprints()}
+        if alert["action"] == "retrain":
+            self.step = good
+            self.run_dir.truncate_metrics(good)
+        self.drift.acted(event)
+        log.warning("drift: %s to %s (step %d); the run goes on from step %d", alert["action"],
+                    event["checkpoint"], good, self.step)
+
+    def _fingerprints(self) -> dict[str, str]:
+        """sha256 of each learner's trainable weights (drift events name what was loaded)."""
+        return {pid: weights_sha256(self.pool_of(pid).weights(pid)) for pid in self.learners()}
 
     def _tune_threads(self) -> None:
         """With ``threads`` unset, the fastest thread count for the first in-process policy's
@@ -326,13 +370,19 @@ class Controller:
 
     # ------------------------------------------------------------------ state
     def state_dict(self, work: Workload) -> dict[str, Any]:
-        return {"step": self.step, "pools": {p.cfg.id: p.state_dict() for p in self.pools},
-                "workload": work.state_dict(), "rng": rng_state()}
+        state = {"step": self.step, "pools": {p.cfg.id: p.state_dict() for p in self.pools},
+                 "workload": work.state_dict(), "rng": rng_state()}
+        if self.drift is not None:
+            state["drift"] = self.drift.state_dict()
+        return state
 
     def save(self, work: Workload) -> None:
+        if self.drift is not None:
+            self.drift.saved(self.step)
         state = self.state_dict(work)
         self.guard.check_state(self.step, state)  # never a checkpoint with NaN weights
-        self.run_dir.save_checkpoint(self.step, state, work.checkpoint_keep)
+        self.run_dir.save_checkpoint(self.step, state, work.checkpoint_keep,
+                                     pinned=self.drift.pinned() if self.drift else ())
         self.guard.saved(self.step)
         if hasattr(work, "checkpointed"):  # e.g. a Redis stream acknowledges what it holds
             work.checkpointed(self.step)
@@ -361,6 +411,9 @@ class Controller:
                                      f"config ({mismatch}); {_CHECK_IT}") from None
         work.load_state_dict(state["workload"])
         self.run_dir.truncate_metrics(self.step)
+        if self.drift is not None:
+            truncate_jsonl(self.drift.events, self.step)
+            self.drift.load_state_dict(state.get("drift"), self.step)
         self.guard.saved(self.step)
         log.warning("resumed from %s (step %d)", ckpt, self.step)
         return True

@@ -25,7 +25,7 @@ import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator
 
 import numpy as np
 import torch
@@ -85,7 +85,8 @@ class RunDir:
 
     #: What every run writes here (glob patterns) besides its checkpoints; a workload adds its
     #: own. ``--new-run`` deletes these and the checkpoint folders, nothing else.
-    outputs = ("config.yaml", IDENTITY, "metrics.jsonl", "curves.png", "base_model_*", ".*.tmp")
+    outputs = ("config.yaml", IDENTITY, "metrics.jsonl", "curves.png", "base_model_*", ".*.tmp",
+               "drift.jsonl")
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -179,9 +180,11 @@ class RunDir:
         """Drops rows logged after ``after_step`` (they belong to steps a resume will redo)."""
         truncate_jsonl(self.metrics_path, after_step)
 
-    def save_checkpoint(self, step: int, state: dict[str, Any], keep: int) -> Path:
+    def save_checkpoint(self, step: int, state: dict[str, Any], keep: int,
+                        pinned: Collection[int] = ()) -> Path:
         """Writes ``checkpoints/step_<step>/`` (state.pt, then its manifest) into a temporary
-        folder renamed into place, and prunes old checkpoints (``keep`` newest stay)."""
+        folder renamed into place, and prunes old checkpoints (``keep`` newest stay, and those
+        of the ``pinned`` steps: a drift rollback's target)."""
         self.ckpt_dir.mkdir(exist_ok=True)
         final = self.ckpt_dir / f"step_{step}"
         tmp = self.ckpt_dir / f".tmp_step_{step}"
@@ -191,7 +194,8 @@ class RunDir:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         for old in self.checkpoints()[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if int(old.name.removeprefix("step_")) not in pinned:
+                shutil.rmtree(old, ignore_errors=True)
         return final
 
     def checkpoints(self) -> list[Path]:

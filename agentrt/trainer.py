@@ -261,7 +261,7 @@ class Trainer:
         self.controller = Controller([cfg.policy], cfg.runtime, self.run_dir, seed=cfg.seed,
                                      total_steps=cfg.train.steps,
                                      preference_pairs=cfg.data.pairs, guards=cfg.guards,
-                                     export=cfg.export)
+                                     export=cfg.export, drift=cfg.drift)
 
     @property
     def pool(self) -> Any:

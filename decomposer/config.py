@@ -24,6 +24,7 @@ from pydantic import Field, model_validator
 
 from agentrt.config import (CheckpointConfig, ExportConfig, GuardsConfig, PolicyConfig,
                             RuntimeConfig, Section, SFTConfig)
+from agentrt.drift import DriftConfig
 from agentrt.decomposer.router import RouterConfig
 from agentrt.decomposer.sdk import WHOLE, make_family
 
@@ -104,6 +105,7 @@ class DecomposeConfig(Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     progress: bool = Field(True, description="Show a progress bar (a line per step if no TTY).")
     guards: GuardsConfig = Field(default_factory=GuardsConfig)
+    drift: DriftConfig = Field(default_factory=DriftConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
 
     @model_validator(mode="after")

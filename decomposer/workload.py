@@ -279,7 +279,7 @@ class Decomposer:
         self.workload = DecomposeWorkload(cfg)
         self.controller = Controller(list(cfg.policies), cfg.runtime, self.run_dir,
                                      seed=cfg.seed, total_steps=max(1, cfg.train.steps),
-                                     guards=cfg.guards, export=cfg.export)
+                                     guards=cfg.guards, export=cfg.export, drift=cfg.drift)
 
     def run(self, stop_after: int | None = None) -> dict[str, float]:
         """Trains to ``train.steps`` (or stops after ``stop_after`` more steps, as if killed);

@@ -27,6 +27,7 @@ from pydantic import Field, field_validator, model_validator
 
 from agentrt.config import (CheckpointConfig, ExportConfig, GuardsConfig, PolicyConfig,
                             RuntimeConfig, Section)
+from agentrt.drift import DriftConfig
 from agentrt.errors import ConfigError
 from agentrt.registry import import_callable
 from agentrt.memory.policy import MemoryBanksConfig, check_policy_memory
@@ -186,6 +187,7 @@ class TournamentRunConfig(Section):
         default_factory=RuntimeConfig, description="In-process pools or Ray actors (each "
         "policy's resources: section sizes its pool).")
     guards: GuardsConfig = Field(default_factory=GuardsConfig)
+    drift: DriftConfig = Field(default_factory=DriftConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
 
     @model_validator(mode="before")

@@ -346,7 +346,7 @@ class LeagueTrainer:
         self.workload = LeagueWorkload(cfg)
         self.controller = Controller(list(cfg.policies), cfg.runtime, self.run_dir,
                                      seed=cfg.seed, total_steps=cfg.train.steps,
-                                     guards=cfg.guards, export=cfg.export)
+                                     guards=cfg.guards, export=cfg.export, drift=cfg.drift)
 
     def run(self, stop_after: int | None = None) -> dict[str, float]:
         try:
