@@ -84,6 +84,9 @@ EXAMPLE_RUNS = {
     # file: (command, overrides)
     "arith_grpo.yaml": ("train", ["sft.steps=2", "train.steps=1", "train.prompts_per_step=4",
                                   "train.group_size=2", "task.eval_size=8"]),
+    "arith_grpo_service.yaml": ("train", ["sft.steps=2", "train.steps=2",
+                                          "train.prompts_per_step=4", "train.group_size=2",
+                                          "task.eval_size=4"]),
     "arith_dpo.yaml": ("train", ["sft.steps=2", "train.steps=1", "train.prompts_per_step=4",
                                  "task.eval_size=8"]),
     "grpo_parquet.yaml": ("train", ["sft.steps=2", "train.steps=2", "train.prompts_per_step=4",
@@ -116,7 +119,8 @@ def test_every_example_config_is_run_here() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLE_RUNS))
-def test_example_runs_as_written(name: str, demo, tiny_model_dir, tmp_path: Path) -> None:
+def test_example_runs_as_written(name: str, demo, tiny_model_dir, tmp_path: Path,
+                                 request) -> None:
     command, overrides = EXAMPLE_RUNS[name]
     overrides = [*overrides, "progress=false"]
     if name == "ttt_eval.yaml":  # rates the demo's policy: what the example names, elsewhere
@@ -130,6 +134,12 @@ def test_example_runs_as_written(name: str, demo, tiny_model_dir, tmp_path: Path
                     "--out", str(tmp_path / "prompts.parquet")])
         assert proc.returncode == 0, proc.stderr
         overrides.append(f"task.options.path={tmp_path / 'prompts.parquet'}")
+    if name == "arith_grpo_service.yaml":  # the reward service the example's comment starts
+        server = subprocess.Popen([sys.executable, "examples/reward_server.py", "--port", "0"],
+                                  cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        request.addfinalizer(server.kill)
+        url = server.stdout.readline().split()[-1]
+        overrides.append(f"reward.0.http={url}")
     where = ([] if command == "tournament eval" else ["--run-dir", str(tmp_path / "run")])
     sets = [a for s in overrides for a in ("--set", s)]
     if command == "tournament eval":
