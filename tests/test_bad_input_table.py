@@ -90,7 +90,12 @@ TRAIN = [("train.steps", True, "expected a number"), ("train.steps", -1, "train.
          ("task", {"name": "dataset", "options": {"path": PAIRS, "columns": {"answer": "ans"}}},
           "task.options.columns.answer: column 'ans' is not in"),
          ("task", {"name": "dataset", "options": {"path": PAIRS, "eval": {"fraction": 0}}},
-          "fraction")]
+          "fraction"),
+         ("drift.action", "restart", "drift.action"), ("drift.patience", 0, "drift.patience"),
+         ("drift.signals", {"length": {}}, "unknown signal 'length'"),
+         ("drift.signals", {"topic": {"test": "ks"}}, "topic signal takes test 'centroid'"),
+         ("drift.signals", {}, "at least one signal"), ("drift.enabled", 1, "true or false"),
+         ("drift.embedder", "bert", "unknown embedder 'bert'")]
 TOURNAMENT = [("envs.0.id", "Nope-v0", "unknown env 'Nope-v0'"), ("envs", [], "envs"),
               ("envs.0.template.history", 2, "expected true or false"),
               ("baselines.0.kind", "alphazero", "unknown scripted policy"),
@@ -109,7 +114,8 @@ TOURNAMENT = [("envs.0.id", "Nope-v0", "unknown env 'Nope-v0'"), ("envs", [], "e
               ("train.games_per_step", 0, "games_per_step"), ("eval.games", -2, "eval.games"),
               ("eval.opponents", ["ghost"], "ghost"), ("policies", [], "policies"),
               ("policies.0.roles", ["dealer"], "roles"), ("policies.0.id", 7, "policies.0.id"),
-              ("memory.banks", {"b": {"backend": "mongo"}}, "backend")]
+              ("memory.banks", {"b": {"backend": "mongo"}}, "backend"),
+              ("drift.window_steps", 0, "drift.window_steps")]
 DECOMPOSE = [("family.name", "poetry", "family.name"), ("family.train_size", 0, "train_size"),
              ("planner.kind", "magic", "planner.kind"), ("planner.max_subtasks", 0,
                                                          "max_subtasks"),
@@ -120,7 +126,8 @@ DECOMPOSE = [("family.name", "poetry", "family.name"), ("family.train_size", 0, 
              ("chain.on_failure", "panic", "on_failure"), ("train.group_size", False,
                                                            "expected a number"),
              ("train.tasks_per_step", 0, "tasks_per_step"),
-             ("tools", [{"id": "t", "fn": "no_such_mod_x:f", "skills": ["div"]}], "tools.0.fn")]
+             ("tools", [{"id": "t", "fn": "no_such_mod_x:f", "skills": ["div"]}], "tools.0.fn"),
+             ("drift.reference", "rolling", "drift.reference")]
 
 
 def _cases() -> dict[str, tuple[str, str, Any, str]]:
