@@ -359,6 +359,76 @@ def debug_command(
     typer.echo(json.dumps(report.to_json(), indent=1) if as_json else report.text())
 
 
+ctl_app = typer.Typer(no_args_is_help=True, help="Online control of a running train run: "
+                      "live settings, late feedback, prompts, pause (docs/control.md).")
+app.add_typer(ctl_app, name="ctl")
+
+
+@ctl_app.callback()
+def _ctl(ctx: typer.Context,
+         run_dir: Path = typer.Argument(..., help="The run folder of a running agentrt train "
+                                                  "run with control.enabled.")) -> None:
+    ctx.obj = run_dir
+
+
+def _ctl_send(ctx: typer.Context, command: Optional[dict]) -> dict:
+    from agentrt.control import send
+
+    return send(ctx.obj, command)
+
+
+@ctl_app.command("set")
+def ctl_set(ctx: typer.Context, assignments: list[str] = typer.Argument(
+        ..., help="KEY=VALUE of a live field, e.g. train.prompts_per_step=64 (repeatable).")
+            ) -> None:
+    """Change live settings; they apply at the start of the next step."""
+    from agentrt.control import parse_assignments
+
+    reply = _ctl_send(ctx, {"cmd": "set", "values": parse_assignments(assignments)})
+    typer.echo(f"queued #{reply['queued']}: applies at the start of step {reply['applies_at_step']}")
+
+
+@ctl_app.command("feedback")
+def ctl_feedback(ctx: typer.Context,
+                 episode: str = typer.Argument(..., help="Episode id of the run's log, s<step>-<i>."),
+                 value: float = typer.Argument(..., help="The late reward.")) -> None:
+    """A late reward for a past episode; it joins the next step's training when recent enough."""
+    reply = _ctl_send(ctx, {"cmd": "feedback", "episode": episode, "value": value})
+    typer.echo(f"queued #{reply['queued']}: joins step {reply['applies_at_step']}")
+
+
+@ctl_app.command("inject")
+def ctl_inject(ctx: typer.Context, prompt: str = typer.Argument(..., help="Prompt text."),
+               answer: str = typer.Option("", help="Its answer (what the reward compares).")
+               ) -> None:
+    """A prompt the next step draws before its source's."""
+    reply = _ctl_send(ctx, {"cmd": "inject", "prompts": [{"prompt": prompt, "answer": answer}]})
+    typer.echo(f"queued #{reply['queued']}: joins step {reply['applies_at_step']}")
+
+
+@ctl_app.command("pause")
+def ctl_pause(ctx: typer.Context, at_step: Optional[int] = typer.Option(
+        None, "--at-step", help="Pause before this step (default: the next).")) -> None:
+    """Hold the run at a step boundary until `resume` (commands sent meanwhile apply there)."""
+    reply = _ctl_send(ctx, {"cmd": "pause", "at_step": at_step})
+    typer.echo(f"queued #{reply['queued']}: pauses before step {at_step or reply['applies_at_step']}")
+
+
+@ctl_app.command("resume")
+def ctl_resume(ctx: typer.Context) -> None:
+    """Let a paused run go on."""
+    reply = _ctl_send(ctx, {"cmd": "resume"})
+    typer.echo(f"queued #{reply['queued']}")
+
+
+@ctl_app.command("status")
+def ctl_status(ctx: typer.Context) -> None:
+    """The run's step, pause, live values and command counts (JSON)."""
+    import json
+
+    typer.echo(json.dumps(_ctl_send(ctx, None), indent=1, sort_keys=True))
+
+
 def main() -> None:
     try:
         code = app(standalone_mode=False)  # typer returns 130 after Ctrl-C in this mode

@@ -14,6 +14,7 @@ import yaml
 from pydantic import (BeforeValidator, Field, SerializeAsAny, ValidationError, field_serializer,
                       model_validator)
 
+from agentrt.control import ControlConfig
 from agentrt.drift import DriftConfig
 from agentrt.errors import ConfigError
 from agentrt.memory.augment import MemoryConfig
@@ -419,6 +420,7 @@ class TrainConfig(Section):
     guards: GuardsConfig = Field(default_factory=GuardsConfig)
     drift: DriftConfig = Field(default_factory=DriftConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
+    control: ControlConfig = Field(default_factory=ControlConfig)
 
     @model_validator(mode="after")
     def _no_memory(self) -> TrainConfig:

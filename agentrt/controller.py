@@ -136,13 +136,16 @@ class Controller:
         guards: When the run stops instead of going nowhere (:mod:`agentrt.guards`).
         export: Where each metrics row also goes (Prometheus, MLflow: :mod:`agentrt.exporters`).
         drift: Drift detection on the learners' rollouts and its action (:mod:`agentrt.drift`).
+        control: Online control (:class:`agentrt.control.RunControl`): commands applied at the
+            start of each step, late-feedback groups added to its training data.
     """
 
     def __init__(self, policies: list[PolicyConfig], runtime: RuntimeConfig, run_dir: RunDir,
                  seed: int = 0, total_steps: int = 1000, preference_pairs: str = "all",
                  guards: GuardsConfig | None = None, export: ExportConfig | None = None,
-                 drift: DriftConfig | None = None) -> None:
+                 drift: DriftConfig | None = None, control: Any | None = None) -> None:
         self.run_dir = run_dir
+        self.control = control
         self.export = export
         self.exporters = Exporters(None, run_dir.path)
         self.version_book: VersionBook | None = None  # set by run()
@@ -226,6 +229,11 @@ class Controller:
     def drop_snapshot(self, key: str) -> None:
         self.pool_of(key).drop_snapshot(key)
 
+    def reconfigure(self, cfg: PolicyConfig) -> None:
+        """A live change of policy ``cfg.id``'s sampling or learning rate (agentrt.control)."""
+        self.cfgs[cfg.id] = cfg
+        self.pool_of(cfg.id).reconfigure(cfg)
+
     def reset_to(self, pid: str, snapshot: str) -> None:
         self.pool_of(pid).reset_to(pid, snapshot)
 
@@ -250,6 +258,8 @@ class Controller:
             work.start(self)
             self._tune_threads()
             last = {} if self._resume(work) else self._warm_start(work)
+            if self.control is not None:
+                self.control.start(self)
             bar = StepProgress(work.steps, enabled=work.progress, start=self.step,
                                label=work.label)
             if last:  # a fresh start: show the step-0 evaluation
@@ -272,24 +282,32 @@ class Controller:
                 self.exporters.finish()  # registers the final models
             finished = True
         finally:
+            if self.control is not None:
+                self.control.close()
             self.exporters.close(ok=finished)
         return last
 
     def _iteration(self, work: Workload, bar: StepProgress) -> dict[str, float]:
         step = self.step + 1
+        # Online control: queued commands apply here, at the step boundary, never mid-step.
+        events = self.control.step_start(self, step) if self.control is not None else {}
         if self.tuner is not None:
             self.tuner.maybe_tune(step)
         with self.timer("rollout"):
             specs = work.next_episodes(step)
             played = self.play(work, specs) if specs else RunResult([], [], {})
-        metrics = work.record(played, step)
+        metrics = work.record(played, step) | events
         if self.drift is not None:  # the learners' samples, before they are trained on
             learners = set(self.learners())
             metrics |= self.drift.observe(step, [t for t in played.trajectories
                                                  if t.policy_id in learners])
         self.guard.check_rewards(step, metrics)  # before the failed samples are trained on
+        data = work.training_data(played, step)
+        if self.control is not None:  # late feedback: the episodes' groups join this step
+            data, feedback = self.control.training_data(step, data)
+            metrics |= feedback
         with self.timer("train"):
-            learned = self.learn(work.training_data(played, step))
+            learned = self.learn(data)
         for pid, m in learned.items():
             metrics |= m if len(self.learners()) == 1 else {f"{k}@{pid}": v for k, v in m.items()}
         self.guard.check_updates(step, learned)
@@ -374,6 +392,8 @@ class Controller:
                  "workload": work.state_dict(), "rng": rng_state()}
         if self.drift is not None:
             state["drift"] = self.drift.state_dict()
+        if self.control is not None:
+            state["control"] = self.control.state_dict()
         return state
 
     def save(self, work: Workload) -> None:
@@ -410,6 +430,8 @@ class Controller:
                 raise RunFolderError(f"{ckpt} does not fit policy {pool.cfg.id!r} of this "
                                      f"config ({mismatch}); {_CHECK_IT}") from None
         work.load_state_dict(state["workload"])
+        if self.control is not None:  # its live values: the workload and policy take them
+            self.control.load_state_dict(self, state.get("control"))
         self.run_dir.truncate_metrics(self.step)
         if self.drift is not None:
             truncate_jsonl(self.drift.events, self.step)

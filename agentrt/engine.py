@@ -354,6 +354,19 @@ class HybridEngine:
         self.version += 1
         return metrics | self.sync_rollout()
 
+    def reconfigure(self, cfg: PolicyConfig) -> None:
+        """Takes a live change of this policy's sampling and learning rate (agentrt.control):
+        the rollout samples with ``cfg.rollout.sampling`` from now on and the trainer's log-probs
+        use its temperature; the LR schedule goes on from its step with ``cfg.optim.lr`` as
+        its peak. Other fields must not differ from the policy's config."""
+        self.cfg = cfg
+        sched = self.scheduler
+        sched.base_lrs = [cfg.optim.lr for _ in sched.base_lrs]
+        for group, factor in zip(self.optimizer.param_groups, sched.lr_lambdas):
+            group["initial_lr"] = cfg.optim.lr
+            group["lr"] = cfg.optim.lr * factor(sched.last_epoch)
+        sched._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # noqa: SLF001
+
     def sync_rollout(self) -> dict[str, float]:
         """Pushes the current weights into a separate rollout engine (vLLM) in place; the HF
         rollout shares them. Called after every update, and after a resume or a reset."""

@@ -149,6 +149,11 @@ class BasePool:
         """Held-out preference accuracy and margin (from worker 0)."""
         return self._run("preference_eval", examples, self._trainable(adapter))
 
+    def reconfigure(self, cfg: PolicyConfig) -> None:
+        """A live change of policy ``cfg.id``'s sampling or learning rate (agentrt.control):
+        every worker's learner takes ``cfg`` (:meth:`HybridEngine.reconfigure`)."""
+        self._run("reconfigure", cfg, self._trainable(cfg.id))
+
     def snapshot(self, adapter: str, tag: str) -> str:
         """Freezes policy ``adapter`` as ``"<adapter>@<tag>"`` (returned), which keeps its
         weights and version while the source trains on: one more adapter for LoRA policies,
@@ -233,6 +238,12 @@ class BasePool:
         metrics = self._call("sft_step", self._put(batch), sft, name)[0]
         self.versions[name] += 1
         return metrics
+
+    def _reconfigure(self, cfg: PolicyConfig, name: str) -> None:
+        self._call("reconfigure", cfg)
+        self.policies[name] = cfg
+        if self.cfg.id == name:
+            self.cfg = cfg
 
     def _end_sft(self, name: str) -> None:
         self._call("end_sft", name)

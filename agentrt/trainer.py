@@ -88,6 +88,7 @@ class PromptWorkload:
         self.pref_train: list[Any] = []
         self.pref_eval: list[Any] = []
         self.rows: PromptSampler | None = None
+        self.injected: list[Example] = []  # prompts pushed by agentrt.control, drawn first
 
     def config_text(self) -> str:
         return dump_config(self.cfg)
@@ -112,11 +113,7 @@ class PromptWorkload:
         self.rewards = build_executor(  # keys of a shared reward service: this run and policy
             sources_of(self.cfg.reward), str(resolve_device(self.cfg.policy.model.device)),
             namespace=f"{ctl.run_dir.path.resolve()}#{self.pid}")
-        handle = ctl.handle(self.pid)
-        sampling = self.cfg.policy.rollout.sampling
-        self.policy = LMPolicy(handle, TASK_TEMPLATE)
-        self.eval_policy = LMPolicy(handle, TASK_TEMPLATE, trainable=True,
-                                    sampling=greedy(sampling) if self.cfg.eval.greedy else None)
+        self._make_policies(ctl)
         if self.cfg.data.path is not None:
             from agentrt.algos import PREFERENCE_LOSSES
             from agentrt.preference import load_preference_data
@@ -126,6 +123,29 @@ class PromptWorkload:
             self.pref_train, self.pref_eval = load_preference_data(
                 self.cfg.data, self.tokenizer, unpaired, {ex.prompt for ex in self.eval_set})
             self.rows = PromptSampler(self.pref_train, self.cfg.seed)
+
+    def _make_policies(self, ctl: Controller) -> None:
+        handle = ctl.handle(self.pid)
+        sampling = self.cfg.policy.rollout.sampling
+        self.policy = LMPolicy(handle, TASK_TEMPLATE)
+        self.eval_policy = LMPolicy(handle, TASK_TEMPLATE, trainable=True,
+                                    sampling=greedy(sampling) if self.cfg.eval.greedy else None)
+
+    def reconfigure(self, ctl: Controller, cfg: TrainConfig) -> None:
+        """Live values of :mod:`agentrt.control` (batch size, group size, sampling, LR, eval
+        and checkpoint intervals): ``cfg`` differs from the run's config in those fields only;
+        the next step uses them."""
+        if cfg.policy != self.cfg.policy:
+            ctl.reconfigure(cfg.policy)
+        self.cfg = cfg
+        self.eval_every, self.checkpoint_every = cfg.eval.every, cfg.checkpoint.every
+        self.runner = self.runner.model_copy(
+            update={"concurrency": cfg.train.prompts_per_step * cfg.train.group_size})
+        self._make_policies(ctl)
+
+    def inject(self, prompts: list[dict[str, Any]]) -> None:
+        """Prompts (``{prompt, answer, info}``) the next steps draw before their source's."""
+        self.injected += [Example(p["prompt"], p["answer"], dict(p["info"])) for p in prompts]
 
     def warm_start(self, ctl: Controller) -> dict[str, float]:
         """SFT on demonstrations (when configured); offline preference rows then get their
@@ -148,7 +168,10 @@ class PromptWorkload:
     def next_episodes(self, step: int) -> list[EpisodeSpec]:
         if self.offline:
             return []
-        return self.specs(self.source.next(self.cfg.train.prompts_per_step), group=True)
+        n = self.cfg.train.prompts_per_step
+        pushed, self.injected = self.injected[:n], self.injected[n:]
+        drawn = self.source.next(n - len(pushed)) if n > len(pushed) else []
+        return self.specs(pushed + drawn, group=True)
 
     def players(self, specs: list[EpisodeSpec]) -> dict[str, Any]:
         return {self.pid: self.policy}
@@ -213,13 +236,15 @@ class PromptWorkload:
     def state_dict(self) -> dict[str, Any]:
         return {"prompts": self.source.state_dict(),
                 "rows": self.rows.state_dict() if self.rows is not None else None,
-                "ref_logps": [ex.ref_logps for ex in self.pref_train + self.pref_eval]}
+                "ref_logps": [ex.ref_logps for ex in self.pref_train + self.pref_eval],
+                "injected": [vars(ex) for ex in self.injected]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.source.load_state_dict(state["prompts"])
         if self.rows is not None and state.get("rows") is not None:
             self.rows.load_state_dict(state["rows"])
         self._set_reference(state.get("ref_logps") or [])
+        self.injected = [Example(**ex) for ex in state.get("injected") or []]
 
     def close(self) -> None:
         self.source.close()
@@ -261,7 +286,14 @@ class Trainer:
         self.controller = Controller([cfg.policy], cfg.runtime, self.run_dir, seed=cfg.seed,
                                      total_steps=cfg.train.steps,
                                      preference_pairs=cfg.data.pairs, guards=cfg.guards,
-                                     export=cfg.export, drift=cfg.drift)
+                                     export=cfg.export, drift=cfg.drift,
+                                     control=self._control(cfg))
+
+    def _control(self, cfg: TrainConfig) -> Any:
+        """Online control; also without channels, a resume keeps its checkpointed values."""
+        from agentrt.control import RunControl
+
+        return RunControl(cfg.control, self.workload)
 
     @property
     def pool(self) -> Any:

@@ -196,6 +196,10 @@ class PolicyWorker:
                                         adapter)
         return self._engine(adapter).generate(prompts, sampling)
 
+    def reconfigure(self, cfg: PolicyConfig) -> None:
+        """A live change of policy ``cfg.id``'s sampling or learning rate (agentrt.control)."""
+        self._engine(cfg.id).reconfigure(cfg)
+
     def prepare(self, batch: TrainBatch, rows: slice, adapter: str | None = None) -> Prepared:
         """Old (and reference) log-probs and values of ``rows`` of the whole batch."""
         eng = self._engine(adapter)

@@ -1,0 +1,241 @@
+"""Online control (agentrt.control): a real ``agentrt train`` process on llama-nano takes
+commands through its HTTP endpoint (``agentrt ctl``) and a real Redis stream while it runs.
+
+One scenario, run once for the module: the run starts paused (``control.start_paused``), is told
+to pause again before step 11 and resumed; while it holds there it gets an unauthenticated
+request, a bad value, a field that is not live, an unknown episode, a batch size and a
+temperature, feedback for the 100 latest episodes and for one too old, and a learning rate
+through the Redis stream; then it finishes, and is resumed for two more steps with control off.
+The tests read what it wrote: metrics.jsonl and the episode log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import yaml
+
+from agentrt.cli import main
+from agentrt.control import send
+from agentrt.episodes import EpisodeLog
+
+STEPS, PROMPTS, GROUP, PAUSE, STALENESS = 14, 2, 8, 11, 8
+
+
+def ctl(*args: str) -> tuple[int, str, str]:
+    """``agentrt ctl ARGS`` in this process through the real entry point."""
+    out, err = io.StringIO(), io.StringIO()
+    argv, sys.argv = sys.argv, ["agentrt", "ctl", *args]
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    finally:
+        sys.argv = argv
+    return code, out.getvalue(), err.getvalue()
+
+
+def wait_for(what: str, check: Any, proc: subprocess.Popen, timeout: float = 180.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before {what}: {proc.stderr.read()}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def raw_post(url: str, body: dict[str, Any], token: str | None) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url + "/commands", json.dumps(body).encode(), headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from agentrt.memory.redis_server import RedisServer
+    from agentrt.policies import build_model
+
+    base = tmp_path_factory.mktemp("control")
+    nano = build_model(base / "nano", "llama-nano", seed=0)
+    run = base / "run"
+    server = RedisServer().start()
+    config = {"seed": 0, "run_dir": str(run), "progress": False, "threads": 1,
+              "task": {"name": "arithmetic", "train_size": 64, "eval_size": 4},
+              "policy": {"id": "arith", "model": {"path": str(nano)},
+                         "rollout": {"sampling": {"max_new_tokens": 3, "temperature": 0.9}}},
+              "train": {"steps": STEPS, "prompts_per_step": PROMPTS, "group_size": GROUP},
+              "eval": {"every": 100}, "checkpoint": {"every": 5, "keep": 3},
+              "control": {"enabled": True, "start_paused": True,
+                          "feedback": {"max_staleness": STALENESS},
+                          "redis": {"url": server.url, "stream": "ctl"}}}
+    path = base / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if k != "AGENTRT_CTL_TOKEN"}
+    rec: dict[str, Any] = {"run": run, "config": path}
+    proc = subprocess.Popen([sys.executable, "-m", "agentrt.cli", "train", str(path)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        endpoint = wait_for("control.json", lambda: (run / "control.json").is_file()
+                            and json.loads((run / "control.json").read_text()), proc)
+        rec["endpoint"], rec["mode"] = endpoint, (run / "control.json").stat().st_mode & 0o777
+        rec["unauthenticated"] = raw_post(endpoint["url"], {"cmd": "set", "values": {
+            "train.prompts_per_step": 5}}, None)
+        rec["wrong_token"] = raw_post(endpoint["url"], {"cmd": "set", "values": {
+            "train.prompts_per_step": 5}}, "not-the-token")
+        rec["pause"] = ctl(str(run), "pause", "--at-step", str(PAUSE))
+        rec["resume_start"] = ctl(str(run), "resume")
+        wait_for(f"the pause before step {PAUSE}", lambda: (
+            (s := send(run, None))["paused"] and s["next_step"] == PAUSE), proc)
+        rec["bad_value"] = ctl(str(run), "set", "train.prompts_per_step=0")
+        rec["not_live"] = ctl(str(run), "set", "policy.optim.betas=[0.8, 0.9]")
+        rec["unknown_episode"] = ctl(str(run), "feedback", "s99-0", "1.0")
+        rec["status_before"] = send(run, None)
+        rec["set"] = ctl(str(run), "set", "train.prompts_per_step=3",
+                         "policy.rollout.sampling.temperature=0.7")
+        ids = [e.id for e in EpisodeLog(run) if e.step < PAUSE][-100:]
+        rec["feedback_ids"] = ids
+        for eid in ids[:-1]:
+            send(run, {"cmd": "feedback", "episode": eid, "value": 1.0})
+        rec["feedback_cli"] = ctl(str(run), "feedback", ids[-1], "1")
+        rec["old"] = ctl(str(run), "feedback", "s1-0", "1.0")
+        client = redis.Redis.from_url(server.url)
+        client.xadd("ctl", {"json": json.dumps({"cmd": "set",
+                                                "values": {"policy.optim.lr": 5e-4}})})
+        replies = wait_for("the redis reply", lambda: client.xread({"ctl:replies": "0-0"},
+                                                                   block=100), proc)
+        rec["redis_reply"] = json.loads(replies[0][1][0][1][b"json"])
+        rec["resume"] = ctl(str(run), "resume")
+        rec["stderr"] = proc.communicate(timeout=300)[1]
+        rec["returncode"] = proc.returncode
+        rec["after_end"] = ctl(str(run), "status")
+        rec["metrics"] = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl")
+                                                   .read_text().splitlines())}
+        rec["episodes"] = list(EpisodeLog(run))
+        # a resume for two more steps, control off: the live values stay
+        rec["resumed"] = subprocess.run(
+            [sys.executable, "-m", "agentrt.cli", "train", str(path), "--set",
+             f"train.steps={STEPS + 2}", "--set", "control.enabled=false"],
+            env=env, capture_output=True, text=True, timeout=300)
+        rec["metrics_resumed"] = {r["step"]: r for r in map(
+            json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+        rec["episodes_resumed"] = list(EpisodeLog(run))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.stop()
+    return rec
+
+
+def by_step(episodes: list[Any]) -> dict[int, list[Any]]:
+    out: dict[int, list[Any]] = {}
+    for e in episodes:
+        out.setdefault(e.step, []).append(e)
+    return out
+
+
+def test_the_run_ends_normally_and_its_endpoint_with_it(scenario) -> None:
+    assert scenario["returncode"] == 0, scenario["stderr"]
+    assert "token" in scenario["endpoint"] and scenario["mode"] == 0o600
+    assert scenario["endpoint"]["url"].startswith("http://127.0.0.1:")
+    code, _, err = scenario["after_end"]
+    assert code == 2 and err.count("\n") == 1 and "has no control endpoint" in err
+
+
+def test_unauthenticated_request_is_refused_and_changes_nothing(scenario) -> None:
+    for key in ("unauthenticated", "wrong_token"):
+        status, body = scenario[key]
+        assert status == 401 and "token" in body["error"] and "nothing" in body["error"]
+    assert scenario["status_before"]["received"] == 2  # the two pause/resume commands only
+    sizes = {step: len(eps) for step, eps in by_step(scenario["episodes"]).items()}
+    assert 5 * GROUP not in sizes.values()
+
+
+def test_refused_commands_are_one_line_and_change_nothing(scenario) -> None:
+    for key, words in (("bad_value", "train.prompts_per_step"),
+                       ("not_live", "cannot be changed while the run runs"),
+                       ("unknown_episode", "no episode 's99-0'")):
+        code, out, err = scenario[key]
+        assert code == 2 and out == "" and err.count("\n") == 1 and words in err, (key, err)
+    assert scenario["status_before"]["live"] == {}
+    row = scenario["metrics"][PAUSE]
+    assert "control/set/policy.optim.betas" not in row and "control/refused" not in row
+
+
+def test_batch_size_and_temperature_change_at_the_next_step(scenario) -> None:
+    code, out, err = scenario["set"]
+    assert code == 0 and f"applies at the start of step {PAUSE}" in out, err
+    m = scenario["metrics"]
+    assert m[PAUSE]["control/set/train.prompts_per_step"] == 3
+    assert m[PAUSE]["control/set/policy.rollout.sampling.temperature"] == 0.7
+    assert not any(k.startswith("control/set") for s in range(1, PAUSE) for k in m[s])
+    steps = by_step(scenario["episodes"])
+    for step in range(1, STEPS + 1):
+        before = step < PAUSE
+        assert len(steps[step]) == (PROMPTS if before else 3) * GROUP, step
+        assert {e.sampling["temperature"] for e in steps[step]} == {0.9 if before else 0.7}
+
+
+def test_learning_rate_through_the_redis_stream(scenario) -> None:
+    assert scenario["redis_reply"]["applies_at_step"] == PAUSE
+    m = scenario["metrics"]
+    assert m[PAUSE]["control/set/policy.optim.lr"] == 5e-4
+    assert m[PAUSE - 1]["actor/lr"] == pytest.approx(1e-4)
+    assert all(m[s]["actor/lr"] == pytest.approx(5e-4) for s in range(PAUSE, STEPS + 1))
+
+
+def test_feedback_for_100_episodes_is_trained_at_the_next_step(scenario) -> None:
+    ids = scenario["feedback_ids"]
+    assert len(ids) == 100 and scenario["feedback_cli"][0] == 0 and scenario["old"][0] == 0
+    episodes = {e.id: e for e in scenario["episodes"]}
+    assert min(episodes[i].step for i in ids) >= PAUSE - STALENESS  # within the bound
+    groups = {(episodes[i].step, episodes[i].group_id) for i in ids}
+    replayed = [e for e in scenario["episodes"] if (e.step, e.group_id) in groups]
+    row = scenario["metrics"][PAUSE]
+    assert row["control/feedback/applied"] == 100
+    assert row["control/feedback/dropped"] == 1  # s1-0: 10 steps old > 8
+    assert row["control/feedback/groups"] == len(groups)
+    assert row["control/feedback/trained"] == len(replayed)
+    # trained on: the step's loss tokens are its own episodes' plus the replayed groups'
+    own = [e for e in scenario["episodes"] if e.step == PAUSE]
+    assert row["perf/train_tokens"] == sum(len(e.response_ids) for e in own + replayed)
+    nxt = scenario["metrics"][PAUSE + 1]
+    assert "control/feedback/applied" not in nxt
+    assert nxt["perf/train_tokens"] == sum(len(e.response_ids) for e in scenario["episodes"]
+                                           if e.step == PAUSE + 1)
+
+
+def test_a_resume_keeps_the_live_values(scenario) -> None:
+    done = scenario["resumed"]
+    assert done.returncode == 0, done.stderr
+    assert "resumed from" in done.stderr
+    m = scenario["metrics_resumed"]
+    assert sorted(m) == list(range(STEPS + 3))
+    steps = by_step(scenario["episodes_resumed"])
+    for step in (STEPS + 1, STEPS + 2):
+        assert len(steps[step]) == 3 * GROUP
+        assert {e.sampling["temperature"] for e in steps[step]} == {0.7}
+        assert m[step]["actor/lr"] == pytest.approx(5e-4)
