@@ -240,65 +240,71 @@ def reward_cause(cfg: Any, s: Sample, second: str | None = None, repeats: int = 
 
 
 # ----------------------------------------------------------------------------- actor
-def actor_cause(run_dir: Path, cfg: Any) -> Any:
-    """A callable ``(sample) -> Cause`` over the run's kept checkpoints (loads each once)."""
-    return _Actor(run_dir, cfg)
+def actor_cause(run_dir: Path, cfg: Any, s: Sample) -> Cause:
+    """The response's log-prob under the model folder's weights, every kept checkpoint (one
+    loaded at a time) and the reference; drift between consecutive versions."""
+    from agentrt.checkpoint import CheckpointError, load_checkpoint
+    from agentrt.run import RunDir
+
+    policy = _Policy(run_dir, cfg)
+    prompt, response = policy.ids(s)
+    if not response:
+        return Cause("actor", False, "the response has no tokens; nothing to score")
+    with policy.weights(None):  # first: a full-weight model is overwritten next
+        ref = policy.logprobs(prompt, response)
+    ref_name = "the model folder's weights (the initial policy)"
+    versions: list[tuple[int, int, list[float]]] = []
+    skipped, kl_ref = [], None
+    for path in RunDir(run_dir).checkpoints():
+        try:
+            state = load_checkpoint(path)
+        except CheckpointError as exc:
+            skipped.append(f"{path.name}: {exc}")
+            continue
+        eng = next((p["policies"][policy.pid] for p in state["pools"].values()
+                    if policy.pid in p.get("policies", {})), None)
+        if eng is None:
+            continue
+        with policy.weights(eng["model"]):
+            versions.append((int(eng["version"]), int(state["step"]),
+                             policy.logprobs(prompt, response)))
+        if kl_ref is None and eng.get("reference") is not None:  # the warm start's, in each
+            with policy.weights(eng["reference"]):
+                kl_ref = policy.logprobs(prompt, response)
+    versions.sort(key=lambda t: (t[0], t[1]))
+    if kl_ref is not None:
+        ref, ref_name = kl_ref, "the warm-started policy (the checkpoint's KL reference)"
+    elif versions and versions[0][1] == 0:
+        ref = versions[0][2]
+        ref_name = "version 0 (step 0 checkpoint: the initial or warm-started policy)"
+    return _actor_verdict(s, policy.pid, ref, ref_name, versions, skipped)
 
 
-class _Actor:
-    """The run's policy at each kept checkpoint and its reference, for log-probs of samples."""
+class _Policy:
+    """The run's policy model (its model folder, with the LoRA adapter when it has one) to
+    compute log-probs under any of its saved weights."""
 
     def __init__(self, run_dir: Path, cfg: Any) -> None:
-        from agentrt.checkpoint import CheckpointError, load_checkpoint
-        from agentrt.run import RunDir
-
-        self.run_dir, self.cfg, self.pid = run_dir, cfg, cfg.policy.id
-        self.states: list[tuple[int, int, dict[str, Any]]] = []  # (version, step, weights)
-        self.skipped: list[str] = []
-        self.reference: dict[str, Any] | None = None
-        self.ref_name = "the model folder's weights (the initial policy)"
-        for path in RunDir(run_dir).checkpoints():
-            try:
-                state = load_checkpoint(path)
-            except CheckpointError as exc:
-                self.skipped.append(f"{path.name}: {exc}")
-                continue
-            eng = next((p["policies"][self.pid] for p in state["pools"].values()
-                        if self.pid in p.get("policies", {})), None)
-            if eng is None:
-                continue
-            self.states.append((int(eng["version"]), int(state["step"]), eng["model"]))
-            if eng.get("reference") is not None:
-                self.reference = eng["reference"]
-                self.ref_name = "the warm-started policy (the checkpoint's KL reference)"
-        self.states.sort(key=lambda t: (t[0], t[1]))
-        if self.reference is None and self.states and self.states[0][1] == 0:
-            self.reference = self.states[0][2]
-            self.ref_name = "version 0 (step 0 checkpoint: the initial or warm-started policy)"
-        self.model, self.tokenizer = self._load_model()
-        if self.reference is None and not cfg.policy.lora.enabled:  # before any checkpoint's
-            self.reference = {k: v.clone() for k, v in self.model.state_dict().items()}
-
-    def _load_model(self) -> tuple[Any, Any]:
+        from agentrt.leakage import run_model_folder
         from agentrt.policies import load_model
 
-        from agentrt.leakage import run_model_folder
-
-        folder = run_model_folder(self.cfg, self.run_dir)
+        self.cfg, self.pid = cfg, cfg.policy.id
+        folder = run_model_folder(cfg, run_dir)
         if not (folder / "config.json").is_file():
             raise ConfigError(f"the run's model folder {folder} is missing; agentrt debug needs "
                               "it to compute log-probs")
-        model, tokenizer = load_model(folder)
-        if self.cfg.policy.lora.enabled:
+        model, self.tokenizer = load_model(folder)
+        if cfg.policy.lora.enabled:
             from peft import get_peft_model
 
             from agentrt.weights import peft_config
 
-            model = get_peft_model(model, peft_config(self.cfg.policy), adapter_name=self.pid)
-        return model.eval(), tokenizer
+            model = get_peft_model(model, peft_config(cfg.policy), adapter_name=self.pid)
+        self.model = model.eval()
 
-    def _load(self, weights: dict[str, Any] | None) -> Any:
-        """The model computing with ``weights`` (None: the model folder's own weights)."""
+    def weights(self, weights: dict[str, Any] | None) -> Any:
+        """A context computing with ``weights`` (a checkpoint's trainable weights: the adapter
+        of a LoRA policy); None: the model folder's own (a LoRA base with its adapter off)."""
         import contextlib
 
         if self.cfg.policy.lora.enabled:
@@ -312,6 +318,7 @@ class _Actor:
         return contextlib.nullcontext()
 
     def ids(self, s: Sample) -> tuple[list[int], list[int]]:
+        """(prompt ids, response ids): a logged episode's, or the texts encoded as a run does."""
         from agentrt.tasks import encode_prompt
 
         if s.prompt_ids is not None and s.response_ids is not None:
@@ -332,58 +339,46 @@ class _Actor:
             logits = self.model(input_ids=ids).logits.float() / temp
         return shift_logprobs(logits, ids)[0, len(prompt):].tolist()
 
-    def __call__(self, s: Sample) -> Cause:
-        prompt, response = self.ids(s)
-        if not response:
-            return Cause("actor", False, "the response has no tokens; nothing to score")
-        per_version = []
-        for version, step, weights in self.states:
-            with self._load(weights):
-                per_version.append((version, step, self.logprobs(prompt, response)))
-        with self._load(self.reference):  # None: a LoRA base with its adapter off
-            ref = self.logprobs(prompt, response)
-        return self._verdict(s, response, ref, per_version)
 
-    def _verdict(self, s: Sample, response: list[int], ref: list[float],
-                 per_version: list[tuple[int, int, list[float]]]) -> Cause:
-        n = len(response)
-        mean_ref = sum(ref) / n
-        ev = [f"{n} response tokens; reference = {self.ref_name}: mean log-prob {mean_ref:.3f} "
-              "per token"]
-        rows, rises = [], []
-        for i, (version, step, lps) in enumerate(per_version):
-            mean = sum(lps) / n
-            k1 = sum(a - b for a, b in zip(lps, ref)) / n
-            k3 = sum(math.exp(b - a) - (b - a) - 1 for a, b in zip(lps, ref)) / n
-            rise = None if i == 0 else mean - rows[-1]["mean_logprob"]
-            rows.append({"version": version, "step": step, "logprob": sum(lps),
-                         "mean_logprob": mean, "kl_k1": k1, "kl_k3": k3, "rise": rise})
-            ev.append(f"{self.pid}@v{version} (step {step}): log-prob {sum(lps):.3f}, "
-                      f"{mean:.3f} per token, KL to reference k1 {k1:.3f} k3 {k3:.3f} per token"
-                      + (f", rise {rise:+.3f} per token" if rise is not None else ""))
-            if rise is not None and rise > DRIFT_NATS:
-                rises.append((rows[-2]["version"], version, rise))
-        if not rows:
-            ev.append("no checkpoint of the policy to compare (pass a run with checkpoints)")
-        ev += [f"skipped damaged checkpoint {x}" for x in self.skipped]
-        if s.logprobs and s.policy_version is not None:
-            at = [r for r in rows if r["version"] == s.policy_version]
-            logged = sum(s.logprobs) / n
-            ev.append(f"sampled by v{s.policy_version}: logged mean log-prob {logged:.3f} per "
-                      "token" + (f", recomputed {at[0]['mean_logprob']:.3f}" if at else
-                                 " (that version's checkpoint is not kept)"))
-        if rises:
-            a, b, rise = max(rises, key=lambda r: r[2])
-            summary = (f"log-prob of the response rose {rise:+.2f} nats per token from v{a} to "
-                       f"v{b} (threshold {DRIFT_NATS:g})")
-        elif rows:
-            summary = (f"no rise above {DRIFT_NATS:g} nats per token across "
-                       f"{len(rows)} checkpointed versions")
-        else:
-            summary = "no checkpoints to compare"
-        return Cause("actor", bool(rises), summary, ev,
-                     {"reference": self.ref_name, "reference_mean_logprob": mean_ref,
-                      "versions": rows})
+def _actor_verdict(s: Sample, pid: str, ref: list[float], ref_name: str,
+                   per_version: list[tuple[int, int, list[float]]], skipped: list[str]) -> Cause:
+    n = len(ref)
+    mean_ref = sum(ref) / n
+    ev = [f"{n} response tokens; reference = {ref_name}: mean log-prob {mean_ref:.3f} per token"]
+    rows: list[dict[str, Any]] = []
+    rises = []
+    for i, (version, step, lps) in enumerate(per_version):
+        mean = sum(lps) / n
+        k1 = sum(a - b for a, b in zip(lps, ref)) / n
+        k3 = sum(math.exp(b - a) - (b - a) - 1 for a, b in zip(lps, ref)) / n
+        rise = None if i == 0 else mean - rows[-1]["mean_logprob"]
+        rows.append({"version": version, "step": step, "logprob": sum(lps),
+                     "mean_logprob": mean, "kl_k1": k1, "kl_k3": k3, "rise": rise})
+        ev.append(f"{pid}@v{version} (step {step}): log-prob {sum(lps):.3f}, {mean:.3f} per "
+                  f"token, KL to reference k1 {k1:.3f} k3 {k3:.3f} per token"
+                  + (f", rise {rise:+.3f} per token" if rise is not None else ""))
+        if rise is not None and rise > DRIFT_NATS:
+            rises.append((rows[-2]["version"], version, rise))
+    if not rows:
+        ev.append("no checkpoint of the policy to compare (pass a run with checkpoints)")
+    ev += [f"skipped damaged checkpoint {x}" for x in skipped]
+    if s.logprobs and s.policy_version is not None:
+        at = [r for r in rows if r["version"] == s.policy_version]
+        ev.append(f"sampled by v{s.policy_version}: logged mean log-prob "
+                  f"{sum(s.logprobs) / n:.3f} per token"
+                  + (f", recomputed {at[0]['mean_logprob']:.3f}" if at else
+                     " (that version's checkpoint is not kept)"))
+    if rises:
+        a, b, rise = max(rises, key=lambda r: r[2])
+        summary = (f"log-prob of the response rose {rise:+.2f} nats per token from v{a} to "
+                   f"v{b} (threshold {DRIFT_NATS:g})")
+    elif rows:
+        summary = f"no rise above {DRIFT_NATS:g} nats per token across {len(rows)} " \
+                  "checkpointed versions"
+    else:
+        summary = "no checkpoints to compare"
+    return Cause("actor", bool(rises), summary, ev,
+                 {"reference": ref_name, "reference_mean_logprob": mean_ref, "versions": rows})
 
 
 # ----------------------------------------------------------------------------- all
@@ -401,7 +396,7 @@ def diagnose(run_dir: Path, spec: str, second: str | None = None, repeats: int =
     sample = load_sample(run_dir, spec)
     from agentrt.leakage import leakage_cause
 
-    causes = [reward_cause(cfg, sample, second, repeats), actor_cause(run_dir, cfg)(sample),
+    causes = [reward_cause(cfg, sample, second, repeats), actor_cause(run_dir, cfg, sample),
               leakage_cause(run_dir, cfg, sample, embedder)]
     return Report(str(run_dir), sample, causes)
 
