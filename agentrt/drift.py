@@ -10,29 +10,30 @@ run's *learning* policies each step. Four signals, each a number per sample (tra
   distribution (the rollout's log-probs, temperature applied). Its expectation is the per-token
   entropy, so this is an unbiased per-sample *estimate* from the sampled tokens; rollouts keep no
   logits, so the exact entropy is not available without a second forward pass.
-- ``topic``: cosine distance of the response's embedding (a project embedder of
-  :mod:`agentrt.memory.embedders`, ``hashing`` by default) to the reference window's centroid.
-  The reference's own distances (each left out of the centroid) are its spread; a change of
-  topic moves responses away from the centroid. ``drift/topic/centroid_distance`` is the cosine
-  distance between the recent window's centroid and the reference's.
+- ``topic``: the response's embedding (a project embedder of :mod:`agentrt.memory.embedders`,
+  ``minilm`` by default); the statistic is the cosine distance between the recent window's
+  centroid and the reference's.
 - ``reward``: the trajectory's reward.
 
 Each step the **recent window** (the last ``window_steps`` steps' samples) is compared with the
 **reference window** of ``reference_steps`` steps: by default (``reference: trailing``) the steps
 just before the recent window, so the slow change of a policy that learns is not drift but a
 sudden one is; or (``fixed``) the first steps after ``warmup_steps``. Either starts over at the
-last accepted change (a resume after a drift pause). The signal's test: ``psi`` (population stability index over the reference's quantile bins, flagged above
-``threshold``) or ``ks`` (two-sample Kolmogorov-Smirnov, flagged when its p-value is below
-``alpha``). ``patience`` flagged steps in a row make an **alert**: metrics
-``drift/<signal>/stat`` and ``drift/<signal>/alert`` every step, and for an alert one JSON line in
-``<run_dir>/drift.jsonl`` and one warning line. Then the **action** (docs/drift.md):
+last accepted change (a resume after a drift pause). The signal's test: ``psi`` (population
+stability index over the reference's quantile bins, flagged above ``threshold``), ``ks``
+(two-sample Kolmogorov-Smirnov, flagged when p < ``alpha``) or, for the topic, ``centroid`` (the
+centroid distance against a block bootstrap of the reference's own, flagged when p < ``alpha``).
+``patience`` flagged steps in a row make an **alert**: metrics ``drift/<signal>/stat`` and
+``drift/<signal>/alert`` every step, and for an alert one JSON line in ``<run_dir>/drift.jsonl``
+and one warning line. Then the **action** (docs/drift.md):
 
 - ``log``: nothing more.
 - ``pause``: a checkpoint of this step is written and the run stops (one line, exit code 2);
   running the same command again resumes and accepts the change (a new reference is taken).
 - ``rollback``: the policies (weights, optimizer, snapshots) and the workload's state go back to
-  the last checkpoint written before the drift began (kept from pruning until a newer good one
-  exists); the step count goes on, and so does sampling (fresh samples).
+  the newest checkpoint written with no flag open from before the first flagged window (such
+  checkpoints are kept from pruning while an alert may need them, and one rolled back to for
+  good); the step count goes on, and so does sampling (fresh samples).
 - ``retrain``: as rollback, and the step count goes back too: the steps since that checkpoint
   are trained again (metrics.jsonl loses their rows; drift.jsonl keeps the events).
 
@@ -273,18 +274,18 @@ class DriftMonitor:
         return np.array([x for e in entries for x in e[sig]], float)
 
     def _topic(self, step: int, draws: int = 1000) -> tuple[float, float, np.ndarray]:
-        """(distance, p, the bootstrap's distances) of the topic: cosine distance between the recent window's embedding
-        centroid and the reference's, and its block-bootstrap p-value: the share of ``draws``
-        random sets of ``window_steps`` reference steps (whole steps, so a step's prompts stay
-        together) whose centroid is at least as far from the other reference steps' centroid.
-        Seeded by ``step``, so a resumed run draws the same."""
+        """(distance, p, the bootstrap's distances) of the topic: the cosine distance between
+        the recent window's embedding centroid and the reference's, and its block-bootstrap
+        p-value: the share of ``draws`` random sets of ``window_steps`` reference steps (whole
+        steps, so a step's prompts stay together) whose centroid is at least as far from the
+        other reference steps' centroid. Seeded by ``step``, so a resumed run draws the same."""
         sums = np.stack([e["emb"].sum(0) for e in self.reference])  # [steps, d]
         total = sums.sum(0)
         recent = sum(e["emb"].sum(0) for e in self.recent)
         dist = 1.0 - float(_unit(recent) @ _unit(total))
         rng = np.random.default_rng(step)
         k = min(self.cfg.window_steps, len(sums) - 1)
-        picks = np.stack([rng.choice(len(sums), k, replace=False) for _ in range(draws)])
+        picks = np.argsort(rng.random((draws, len(sums))), axis=1)[:, :k]  # k distinct each
         inside = sums[picks].sum(1)  # [draws, d]
         outside = total[None, :] - inside
         cos = (inside * outside).sum(1) / np.maximum(

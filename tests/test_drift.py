@@ -111,7 +111,8 @@ def test_a_run_without_change_raises_no_alert_over_200_steps(tmp_path: Path, nan
     Trainer(validate_config(config(tmp_path, nano_dir, 200, **WINDOWS))).run()
     metrics = rows(tmp_path, "metrics.jsonl")
     checked = [r for r in metrics if "drift/response_length/stat" in r]
-    assert len(checked) == 200 - WINDOWS["reference_steps"] - WINDOWS["window_steps"] + 1  # every step once both windows are full
+    # every step once both windows are full
+    assert len(checked) == 200 - WINDOWS["reference_steps"] - WINDOWS["window_steps"] + 1
     for sig in ("response_length", "token_entropy", "topic", "reward"):
         assert all(r[f"drift/{sig}/alert"] == 0.0 for r in checked), sig
     assert rows(tmp_path, "drift.jsonl") == []
@@ -150,3 +151,28 @@ def test_retrain_then_pause_then_resume_accepts(tmp_path: Path, nano_dir: Path, 
     events = rows(tmp_path / "run", "drift.jsonl")
     assert events[-1]["event"] == "accepted" and events[-1]["step"] == 3
     assert [r["step"] for r in rows(tmp_path / "run", "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]
+
+
+def test_resume_continues_the_monitor_exactly(tmp_path: Path, nano_dir: Path) -> None:
+    """Killed after step 5 and resumed from its step-4 checkpoint, a run logs the drift
+    statistics and events of the uninterrupted run (the windows and flags are checkpointed)."""
+    def cfg(run: Path) -> dict:
+        c = config(run, nano_dir, 9, reference_steps=3, window_steps=2, patience=2,
+                   signals={"response_length": {"test": "psi", "threshold": 0.05},
+                            "token_entropy": {"test": "ks", "alpha": 0.5},
+                            "topic": {"test": "centroid", "alpha": 0.5}})
+        return c | {"sft": {"steps": 0}, "checkpoint": {"every": 2, "keep": 1}}
+
+    Trainer(validate_config(cfg(tmp_path / "a"))).run()
+    Trainer(validate_config(cfg(tmp_path / "b"))).run(stop_after=5)
+    Trainer(validate_config(cfg(tmp_path / "b"))).run()
+
+    def drift_rows(run: Path) -> list[dict]:
+        return [{k: v for k, v in r.items() if k.startswith("drift/")}
+                for r in rows(run, "metrics.jsonl")]
+
+    a = drift_rows(tmp_path / "a")
+    assert len(a) == 10 and sum(bool(r) for r in a) == 9 - 3 - 2 + 1
+    assert drift_rows(tmp_path / "b") == a
+    events = rows(tmp_path / "a", "drift.jsonl")
+    assert events and rows(tmp_path / "b", "drift.jsonl") == events
