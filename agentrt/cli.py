@@ -372,7 +372,7 @@ def _ctl(ctx: typer.Context,
 
 
 def _ctl_send(ctx: typer.Context, command: Optional[dict]) -> dict:
-    from agentrt.control import send
+    from agentrt.control_client import send
 
     return send(ctx.obj, command)
 
@@ -382,15 +382,17 @@ def ctl_set(ctx: typer.Context, assignments: list[str] = typer.Argument(
         ..., help="KEY=VALUE of a live field, e.g. train.prompts_per_step=64 (repeatable).")
             ) -> None:
     """Change live settings; they apply at the start of the next step."""
-    from agentrt.control import parse_assignments
+    from agentrt.control_client import parse_assignments
 
     reply = _ctl_send(ctx, {"cmd": "set", "values": parse_assignments(assignments)})
-    typer.echo(f"queued #{reply['queued']}: applies at the start of step {reply['applies_at_step']}")
+    typer.echo(f"queued #{reply['queued']}: applies at the start of step "
+               f"{reply['applies_at_step']}")
 
 
 @ctl_app.command("feedback")
 def ctl_feedback(ctx: typer.Context,
-                 episode: str = typer.Argument(..., help="Episode id of the run's log, s<step>-<i>."),
+                 episode: str = typer.Argument(..., help="Episode id of the run's log "
+                                               "(s<step>-<i>)."),
                  value: float = typer.Argument(..., help="The late reward.")) -> None:
     """A late reward for a past episode; it joins the next step's training when recent enough."""
     reply = _ctl_send(ctx, {"cmd": "feedback", "episode": episode, "value": value})
@@ -411,7 +413,8 @@ def ctl_pause(ctx: typer.Context, at_step: Optional[int] = typer.Option(
         None, "--at-step", help="Pause before this step (default: the next).")) -> None:
     """Hold the run at a step boundary until `resume` (commands sent meanwhile apply there)."""
     reply = _ctl_send(ctx, {"cmd": "pause", "at_step": at_step})
-    typer.echo(f"queued #{reply['queued']}: pauses before step {at_step or reply['applies_at_step']}")
+    typer.echo(f"queued #{reply['queued']}: pauses before step "
+               f"{at_step or reply['applies_at_step']}")
 
 
 @ctl_app.command("resume")

@@ -95,7 +95,14 @@ TRAIN = [("train.steps", True, "expected a number"), ("train.steps", -1, "train.
          ("drift.signals", {"length": {}}, "unknown signal 'length'"),
          ("drift.signals", {"topic": {"test": "ks"}}, "topic signal takes test 'centroid'"),
          ("drift.signals", {}, "at least one signal"), ("drift.enabled", 1, "true or false"),
-         ("drift.embedder", "bert", "unknown embedder 'bert'")]
+         ("drift.embedder", "bert", "unknown embedder 'bert'"),
+         ("control.http.port", 70000, "control.http.port"),
+         ("control.feedback.max_staleness", -1, "control.feedback.max_staleness"),
+         ("control.step_interval_s", -1, "control.step_interval_s"),
+         ("control.token_env", "", "control.token_env"), ("control.enabled", 1, "true or false"),
+         ("control", {"enabled": True, "http": {"enabled": False}},
+          "control.enabled needs a channel"),
+         ("control.redis", {"url": "redis://127.0.0.1:6379/0", "strem": "x"}, "strem")]
 TOURNAMENT = [("envs.0.id", "Nope-v0", "unknown env 'Nope-v0'"), ("envs", [], "envs"),
               ("envs.0.template.history", 2, "expected true or false"),
               ("baselines.0.kind", "alphazero", "unknown scripted policy"),

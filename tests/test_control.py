@@ -20,7 +20,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +27,7 @@ import redis
 import yaml
 
 from agentrt.cli import main
-from agentrt.control import send
+from agentrt.control_client import send
 from agentrt.episodes import EpisodeLog
 
 STEPS, PROMPTS, GROUP, PAUSE, STALENESS = 14, 2, 8, 11, 8
@@ -121,6 +120,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             send(run, {"cmd": "feedback", "episode": eid, "value": 1.0})
         rec["feedback_cli"] = ctl(str(run), "feedback", ids[-1], "1")
         rec["old"] = ctl(str(run), "feedback", "s1-0", "1.0")
+        rec["inject"] = ctl(str(run), "inject", "97+1=", "--answer", "98")
         client = redis.Redis.from_url(server.url)
         client.xadd("ctl", {"json": json.dumps({"cmd": "set",
                                                 "values": {"policy.optim.lr": 5e-4}})})
@@ -239,3 +239,28 @@ def test_a_resume_keeps_the_live_values(scenario) -> None:
         assert len(steps[step]) == 3 * GROUP
         assert {e.sampling["temperature"] for e in steps[step]} == {0.7}
         assert m[step]["actor/lr"] == pytest.approx(5e-4)
+
+
+def test_injected_prompt_is_the_next_steps_first(scenario) -> None:
+    assert scenario["inject"][0] == 0
+    assert scenario["metrics"][PAUSE]["control/inject/prompts"] == 1
+    first = [e for e in scenario["episodes"] if e.step == PAUSE and e.idx < GROUP]
+    assert {(e.prompt, e.info["answer"]) for e in first} == {("97+1=", "98")}
+    assert not any(e.prompt == "97+1=" for e in scenario["episodes"] if e.step != PAUSE)
+    assert scenario["metrics"][PAUSE]["reward/errors"] == 0  # the reward saw its answer
+
+
+def test_a_run_that_does_not_answer_is_one_line(tmp_path) -> None:
+    """A control.json left by a killed run: its port is closed."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "control.json").write_text(json.dumps(
+        {"url": f"http://127.0.0.1:{port}", "token": "x", "token_env": "AGENTRT_CTL_TOKEN"}))
+    code, out, err = ctl(str(tmp_path), "set", "eval.every=5")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"error: the run in {tmp_path} is not running (nothing answers")
+    code, _, err = ctl(str(tmp_path / "nowhere"), "status")
+    assert code == 2 and "is not a folder" in err

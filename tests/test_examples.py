@@ -90,6 +90,9 @@ EXAMPLE_RUNS = {
     "arith_grpo_drift.yaml": ("train", [
         "sft.steps=2", "train.steps=3", "train.prompts_per_step=4", "train.group_size=2",
         "task.eval_size=4", "drift.reference_steps=1", "drift.window_steps=1"]),
+    "arith_grpo_control.yaml": ("train", ["sft.steps=2", "train.steps=2",
+                                          "train.prompts_per_step=4", "train.group_size=2",
+                                          "task.eval_size=4"]),
     "arith_dpo.yaml": ("train", ["sft.steps=2", "train.steps=1", "train.prompts_per_step=4",
                                  "task.eval_size=8"]),
     "grpo_parquet.yaml": ("train", ["sft.steps=2", "train.steps=2", "train.prompts_per_step=4",
