@@ -261,6 +261,8 @@ def serve_command(
     canary_margin: Optional[float] = typer.Option(None, help="Canary: non-inferiority margin "
                                                              "in reward units (0.05)."),
     canary_log: Path = typer.Option(Path("canary.jsonl"), help="Canary decisions (JSON lines)."),
+    threads: Optional[int] = typer.Option(None, help="torch threads (default: tuned on the "
+                                                     "first model at start, see agentrt.threads)."),
 ) -> None:
     """Serve a run's policies behind an OpenAI-compatible HTTP API (docs/serving.md)."""
     _setup()
@@ -269,7 +271,7 @@ def serve_command(
     canary = {"share": canary_share, "alpha": canary_alpha, "power": canary_power,
               "margin": canary_margin}
     serve(target, adapter or (), base, name, host, port, token, backend, max_batch, max_tokens,
-          canary, canary_log)
+          canary, canary_log, threads)
 
 
 policies_app = typer.Typer(no_args_is_help=True,

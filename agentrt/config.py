@@ -403,7 +403,8 @@ class TrainConfig(Section):
 
     seed: int = Field(0, description="Global seed for torch, numpy and python.")
     run_dir: str = Field("runs/train", description="Output folder for this run.")
-    threads: int | None = Field(None, gt=0, description="torch threads (default: all cores).")
+    threads: int | None = Field(None, gt=0, description="torch threads (default: tuned, see "
+                                "agentrt.threads).")
     task: TaskConfig = Field(default_factory=TaskConfig)
     reward: Annotated[str | list[SerializeAsAny[RewardSource]], BeforeValidator(parse_reward)] = \
         Field("exact_match", description="Reward name in agentrt.rewards or 'module:function'; "

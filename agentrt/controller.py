@@ -44,7 +44,7 @@ from agentrt.progress import StepProgress
 from agentrt.identity import RunFolderError
 from agentrt.run import RunDir, Timer, load_checkpoint, rng_state, set_rng_state, truncate_jsonl
 from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunnerConfig, RunResult
-from agentrt.threads import ThreadTuner, forward_probe, threads_auto
+from agentrt.threads import ThreadTuner, apply_threads, forward_probe, threads_auto
 from agentrt.threads import set_threads  # noqa: F401 - the commands set threads from here
 from agentrt.versions import VersionBook
 
@@ -197,6 +197,7 @@ class Controller:
             by_pool.setdefault(id(self.pool_of(pid)), []).append(pid)
 
         def run(pids: list[str]) -> dict[str, Any]:
+            apply_threads(len(by_pool))  # OpenMP's count is per thread (agentrt.threads)
             pool = self.pool_of(pids[0])
             return {p: fn(pool, p, work[p]) for p in pids}
 

@@ -6,11 +6,22 @@ choice: every parallel region waits for the thread the OS descheduled, and small
 step, a LoRA matmul) run several times slower than on one thread. Measured here with one core
 busy: a 64x256 matmul 2-4x slower on 2 threads than on 1; a whole GRPO step up to 10-30x.
 
-So the default is *tuned*: :class:`ThreadTuner` times the policy's own forward pass (one
-prompt-sized batch and a few decode-sized ones) on each candidate thread count (1, half and all
-of :func:`usable_cpus`), interleaved over a few rounds, keeps the fastest (fewer threads unless
-more are clearly faster), and checks again every ``every`` steps because contention comes and
-goes. ``threads: N`` in a config pins N and tunes nothing. The choice never changes the
+So the default is *tuned*: a run starts on one thread (building the model never pays for
+contention), then :class:`ThreadTuner` times the policy's own forward pass (one prompt-sized
+batch and a few decode-sized ones) on each candidate thread count (1, half and all of
+:func:`usable_cpus`), interleaved over a few rounds, keeps the fastest (fewer threads unless
+more are clearly faster) and checks again later, because contention comes and goes: after
+``every`` steps, then twice as long each time the answer stays the same (at most 8x), back to
+``every`` when it changes. A candidate more than twice as slow as the best is timed once per
+check, not every round: on a contended core it is the expensive one to time (measured here
+under load 9: 8.6 s for 2 threads against 0.4 s for 1). ``threads: N`` in a config pins N and
+tunes nothing.
+
+The count is per thread: OpenMP keeps it per OS thread, and ``torch.set_num_threads`` in the
+main thread leaves every other thread at the process default of one per core. A thread that
+runs torch ops (the controller's pool threads, the server's batcher) calls
+:func:`apply_threads` first; without it, a new thread's matmuls ran 38x slower than the main
+thread's here under load (the 10-30x a GRPO step lost with the old default). The choice never changes the
 numbers a step computes beyond what torch's kernels guarantee across thread counts (for the
 model sizes tested, bit-equal: tests/test_threads.py).
 """
@@ -21,20 +32,33 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
 log = logging.getLogger(__name__)
 
-_STATE = {"auto": True}
+_STATE = {"auto": True, "threads": 1}
 
 
 def set_threads(threads: int | None) -> None:
     """``threads`` pins torch's thread count; None leaves it to :class:`ThreadTuner`."""
     _STATE["auto"] = not threads
-    torch.set_num_threads(threads or usable_cpus())
+    _use(threads or 1)
+
+
+def _use(threads: int) -> None:
+    _STATE["threads"] = threads
+    torch.set_num_threads(threads)
+
+
+def apply_threads(sharing: int = 1) -> int:
+    """Gives the calling thread the process's thread count, divided among ``sharing`` threads
+    that compute at the same time. Returns the count set."""
+    n = max(1, _STATE["threads"] // max(1, sharing))
+    torch.set_num_threads(n)
+    return n
 
 
 def threads_auto() -> bool:
@@ -62,77 +86,100 @@ def candidates(cpus: int) -> list[int]:
     return sorted({1, max(1, cpus // 2), cpus})
 
 
+Probe = Sequence[Callable[[], None]]  # pieces of work, timed together, stoppable between
+
+
 def forward_probe(model: nn.Module, vocab: int, batch: int = 16, length: int = 32,
-                  decode_steps: int = 8) -> Callable[[], None]:
-    """A probe of ``model``'s own cost: one (batch, length) forward, as training and prefill
-    do, and ``decode_steps`` (2*batch, 1) forwards, as token-by-token generation does. Draws no
-    global random numbers and leaves the model's train/eval mode as it was."""
+                  decode_steps: int = 8) -> Probe:
+    """A probe of ``model``'s own cost: ``decode_steps`` (2*batch, 1) forwards, as
+    token-by-token generation does, then one (batch, length) forward, as training and prefill
+    do; each forward one piece. Draws no global random numbers and leaves the model's
+    train/eval mode as it was."""
     gen = torch.Generator().manual_seed(0)
     device = next(model.parameters()).device
     prefill = torch.randint(0, vocab, (batch, length), generator=gen).to(device)
     decode = torch.randint(0, vocab, (2 * batch, 1), generator=gen).to(device)
 
-    def probe() -> None:
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.inference_mode():
-                model(input_ids=prefill)
-                for _ in range(decode_steps):
-                    model(input_ids=decode)
-        finally:
-            model.train(was_training)
+    def forward(ids: torch.Tensor) -> Callable[[], None]:
+        def piece() -> None:
+            was_training = model.training
+            model.eval()
+            try:
+                with torch.inference_mode():
+                    model(input_ids=ids)
+            finally:
+                model.train(was_training)
+        return piece
 
-    return probe
+    return [forward(decode)] * decode_steps + [forward(prefill)]
 
 
 class ThreadTuner:
-    """Picks the fastest thread count for ``probe`` now, and again every ``every`` steps.
+    """Picks the fastest thread count for ``probe`` now, and again later.
+
+    A candidate's timing stops between two pieces of the probe once it took twice the best
+    whole probe so far: a contended thread count costs little more than the winner to rule out.
 
     Args:
         probe: The work to time (:func:`forward_probe` of the run's first policy).
         cpus: The most threads to try (default :func:`usable_cpus`).
-        every: Steps between checks (0: only at the start).
+        every: Steps to the first check after the start (0: only at the start); the gap
+            doubles while the answer stays the same, up to ``8 * every``.
         rounds: Interleaved timing rounds per check; each candidate keeps its best time.
         margin: More threads must be this much faster to be chosen (they lose more to a
             neighbour that starts later).
     """
 
-    def __init__(self, probe: Callable[[], None], cpus: int | None = None, every: int = 25,
+    def __init__(self, probe: Probe, cpus: int | None = None, every: int = 25,
                  rounds: int = 3, margin: float = 0.1) -> None:
         self.probe, self.every, self.rounds, self.margin = probe, every, rounds, margin
         self.candidates = candidates(cpus or usable_cpus())
         self.threads = torch.get_num_threads()
         self.last: dict[int, float] = {}
+        self.gap, self.next_at = every, every
 
     def tune(self) -> int:
         """Times every candidate, sets and returns the winner."""
         if len(self.candidates) == 1:
             self.threads = self.candidates[0]
-            torch.set_num_threads(self.threads)
+            _use(self.threads)
             return self.threads
-        self.probe()  # warm-up: first-call allocations and kernel selection
+        torch.set_num_threads(self.candidates[0])
+        self._time(float("inf"))  # warm-up: first-call allocations and kernel selection
         best = {n: float("inf") for n in self.candidates}
         for r in range(self.rounds):
             order = self.candidates if r % 2 == 0 else self.candidates[::-1]
             for n in order:
+                limit = 2 * min(best.values())
+                if r and best[n] > limit:
+                    continue  # clearly slower: once is enough
                 torch.set_num_threads(n)
-                t0 = time.perf_counter()
-                self.probe()
-                best[n] = min(best[n], time.perf_counter() - t0)
+                best[n] = min(best[n], self._time(limit))
         choice = self.candidates[0]
         for n in self.candidates[1:]:
             if best[n] * (1 + self.margin) < best[choice]:
                 choice = n
-        torch.set_num_threads(choice)
+        _use(choice)
+        if self.last:  # a later check: back off while the answer holds
+            self.gap = min(2 * self.gap, 8 * self.every) if choice == self.threads else self.every
         if choice != self.threads:
             log.info("torch threads: %d (%s)", choice,
                      ", ".join(f"{n}: {best[n] * 1e3:.0f} ms" for n in self.candidates))
         self.threads, self.last = choice, best
         return choice
 
+    def _time(self, limit: float) -> float:
+        """Seconds of the whole probe, or of its first pieces once they exceed ``limit``."""
+        t0 = time.perf_counter()
+        for piece in self.probe:
+            piece()
+            if time.perf_counter() - t0 > limit:
+                break
+        return time.perf_counter() - t0
+
     def maybe_tune(self, step: int) -> int:
-        """Tunes again when ``step`` is a multiple of ``every``."""
-        if self.every and step % self.every == 0:
-            return self.tune()
+        """Tunes again when ``step`` reaches the next check."""
+        if self.every and step >= self.next_at:
+            self.tune()
+            self.next_at = step + self.gap
         return self.threads

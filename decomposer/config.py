@@ -91,7 +91,8 @@ class DecomposeConfig(Section):
 
     seed: int = Field(0, description="Global seed for torch, numpy and python.")
     run_dir: str = Field("runs/decompose", description="Output folder for this run.")
-    threads: int | None = Field(None, gt=0, description="torch threads (default: all cores).")
+    threads: int | None = Field(None, gt=0, description="torch threads (default: tuned, see "
+                                "agentrt.threads).")
     family: FamilyConfig = Field(default_factory=FamilyConfig)
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     policies: list[SpecialistPolicy] = Field(..., min_length=1, description="LM policies.")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import threading
 import time
 
 import pytest
@@ -10,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrt.config import validate_config
-from agentrt.threads import ThreadTuner, candidates, forward_probe, usable_cpus
+from agentrt.threads import (ThreadTuner, apply_threads, candidates, forward_probe, set_threads,
+                             usable_cpus)
 from agentrt.trainer import Trainer
 from test_trainer import rows, small_config  # also registers the test rewards
 
@@ -29,21 +32,61 @@ def test_usable_cpus_is_within_the_affinity_mask():
     assert candidates(16) == [1, 8, 16]
 
 
+def omp_max_threads() -> int:
+    """The calling thread's OpenMP thread count, read from torch's own libgomp (other packages
+    load theirs; torch's getters initialise the thread first, so they cannot show what a matmul
+    would use)."""
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    path = next(line.split()[-1] for line in open("/proc/self/maps")
+                if "libgomp" in line and line.split()[-1].startswith(torch_lib))
+    return ctypes.CDLL(path).omp_get_max_threads()
+
+
+def test_a_new_thread_takes_the_process_count_only_when_it_applies_it(restore_threads):
+    set_threads(2)
+    seen = {}
+
+    def body(key, sharing):
+        if sharing:
+            apply_threads(sharing)
+        seen[key] = omp_max_threads()
+
+    for key, sharing in (("bare", 0), ("alone", 1), ("one of two", 2)):
+        t = threading.Thread(target=body, args=(key, sharing))
+        t.start()
+        t.join()
+    set_threads(1)
+    t = threading.Thread(target=body, args=("after set 1", 1))
+    t.start()
+    t.join()
+    # a bare thread has OpenMP's process default, whatever the main thread set
+    assert seen["bare"] == int(os.environ.get("OMP_NUM_THREADS", os.cpu_count()))
+    assert (seen["alone"], seen["one of two"], seen["after set 1"]) == (2, 1, 1)
+
+
 @pytest.mark.parametrize("slow", [1, 2])
 def test_tuner_keeps_the_faster_count(restore_threads, slow):
     """A probe that is slow on one thread count (as a contended core makes it) is not run there."""
-    def probe():
-        time.sleep(0.03 if torch.get_num_threads() == slow else 0.0)
+    timed = []
 
-    tuner = ThreadTuner(probe, cpus=2, every=5, rounds=2)
+    def piece():
+        timed.append(torch.get_num_threads())
+        time.sleep(0.03 if torch.get_num_threads() == slow else 0.001)
+
+    tuner = ThreadTuner([piece] * 4, cpus=2, every=5, rounds=2)
     assert tuner.tune() == 3 - slow
     assert torch.get_num_threads() == 3 - slow
     assert tuner.last[slow] > tuner.last[3 - slow]
-    assert tuner.maybe_tune(4) == 3 - slow  # not a multiple of every: no timing
+    if slow == 2:  # timed after the fast count: stopped after its first piece, in one round
+        assert timed.count(2) == 1
+    assert tuner.maybe_tune(4) == 3 - slow  # before the next check: no timing
+    assert tuner.gap == 5
+    tuner.maybe_tune(5)  # the same answer: the next check comes twice as late
+    assert (tuner.gap, tuner.next_at) == (10, 15)
 
 
 def test_ties_keep_fewer_threads(restore_threads):
-    tuner = ThreadTuner(lambda: time.sleep(0.01), cpus=2, rounds=1)
+    tuner = ThreadTuner([lambda: time.sleep(0.01)], cpus=2, rounds=1)
     assert tuner.tune() == 1
 
 

@@ -169,7 +169,8 @@ class TournamentRunConfig(Section):
 
     seed: int = Field(0, description="Global seed (torch, numpy, python, scheduler).")
     run_dir: str = Field("runs/tournament", description="Output folder of this run.")
-    threads: int | None = Field(None, gt=0, description="torch threads (default: all cores).")
+    threads: int | None = Field(None, gt=0, description="torch threads (default: tuned, see "
+                                "agentrt.threads).")
     progress: bool = Field(True, description="Live progress on the terminal.")
     envs: tuple[EnvEntry, ...] = Field(..., min_length=1, description="Games played.")
     policies: tuple[LeaguePolicyConfig, ...] = Field(

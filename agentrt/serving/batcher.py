@@ -20,6 +20,7 @@ from typing import Any, Callable
 from agentrt.config import SamplingConfig
 from agentrt.rollout.hf import Completion
 from agentrt.serving.host import ModelHost, Version
+from agentrt.threads import apply_threads
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ class Batcher:
             return calls, batch
 
     def _loop(self) -> None:
+        apply_threads()  # OpenMP's count is per thread: this one generates
         while True:
             calls, batch = self._take()
             if self._stopping and not calls and not batch:

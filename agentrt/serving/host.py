@@ -184,6 +184,13 @@ class ModelHost:
         for s in sources:
             self.current[s.name] = self._attach(Staged(s, None), 0)
 
+    def probe_model(self) -> torch.nn.Module | None:
+        """The first base model loaded with the HF backend (thread tuning times it), if any."""
+        for module in self._bases.values():
+            if isinstance(getattr(module, "model", None), torch.nn.Module):
+                return module.model
+        return None
+
     def _base(self, path: Path) -> Module:
         key = path.resolve()
         if key not in self._bases:

@@ -56,9 +56,11 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
           name: str | None = None, host: str = "127.0.0.1", port: int = 8000,
           token: str | None = None, backend: str = "hf", max_batch: int = 32,
           max_tokens: int = 64, canary: dict[str, Any] | None = None,
-          canary_log: Path = Path("canary.jsonl")) -> None:
+          canary_log: Path = Path("canary.jsonl"), threads: int | None = None) -> None:
     """Serves ``target``'s models until interrupted (see docs/serving.md); ``canary`` holds
-    the settings a ``POST /admin/canary`` body leaves out (:func:`canary_defaults`).
+    the settings a ``POST /admin/canary`` body leaves out (:func:`canary_defaults`);
+    ``threads`` pins torch's threads, None tunes them once on the first model
+    (:mod:`agentrt.threads`).
 
     Raises:
         AgentrtError: a bad target, option or port, before anything is loaded or bound.
@@ -69,6 +71,8 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
         raise AgentrtError(f"--backend takes hf or vllm, not {backend!r}")
     if max_batch < 1 or max_tokens < 1:
         raise AgentrtError("--max-batch and --max-tokens must be at least 1")
+    if threads is not None and threads < 1:
+        raise AgentrtError(f"--threads must be at least 1, not {threads}")
     if not 0 <= port <= 65535:
         raise AgentrtError(f"--port {port} is not a TCP port (0-65535; 0: any free port)")
     canary = canary_defaults(**(canary or {}))
@@ -86,8 +90,15 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
     from agentrt.serving.batcher import Batcher
     from agentrt.serving.host import ModelHost
 
+    from agentrt.threads import ThreadTuner, forward_probe, set_threads, threads_auto
+
+    set_threads(threads)
     models = ModelHost(sources, backend, max_batch)
-    batcher = Batcher(models, max_batch).start()
+    batcher = Batcher(models, max_batch).start()  # its thread takes the count (apply_threads)
+    model = models.probe_model()
+    if threads_auto() and model is not None:  # timed on the thread that generates
+        probe = forward_probe(model, len(models.tokenizer(next(iter(models.current)))))
+        batcher.call(lambda: ThreadTuner(probe, every=0).tune()).result()
     app = Api(models, batcher, token, max_tokens, canary_log=canary_log,
               canary_defaults=canary).app()
     url = f"http://{host}:{sock.getsockname()[1]}"
