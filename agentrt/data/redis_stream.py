@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import Field
 
 from agentrt.data.config import Columns
-from agentrt.data.sources import PromptDataError, _NoCommit, render_messages
+from agentrt.data.sources import PromptDataError, SourceBase, render_messages
 from agentrt.data.stream import SkipCounter, map_row
 from agentrt.memory.config import RedisConfig, redact
 from agentrt.schema import ConfigModel
@@ -45,7 +45,7 @@ class RedisStreamOptions(ConfigModel):
         600.0, gt=0.0, description="Stop with an error when no prompt arrives for this long.")
 
 
-class RedisSource(_NoCommit):
+class RedisSource(SourceBase):
     """Prompts of a Redis stream (see the module docstring). No eval split: eval is skipped."""
 
     options_model = RedisStreamOptions

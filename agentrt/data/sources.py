@@ -17,6 +17,7 @@ answer column); :func:`keyword_reward` adapts a reward written as ``fn(prompt, r
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import random
@@ -99,8 +100,8 @@ class PromptSampler:
         self._order = self._shuffle()
 
 
-class _NoCommit:
-    """Sources whose position lives in the checkpoint alone: nothing to do after one."""
+class SourceBase:
+    """Defaults of a source: nothing to set up, send on, acknowledge or close."""
 
     def start(self, tokenizer: Any) -> None:
         return None
@@ -115,7 +116,7 @@ class _NoCommit:
         return None
 
 
-class TaskSource(_NoCommit):
+class TaskSource(SourceBase):
     """A built-in task's generated prompts (``agentrt.tasks``), held in memory."""
 
     def __init__(self, task: Any, seed: int) -> None:
@@ -154,7 +155,7 @@ def render_messages(tokenizer: Any, messages: list[dict[str, str]]) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
 
 
-class FileSource(_NoCommit):
+class FileSource(SourceBase):
     """``task: {name: dataset}``: examples streamed from a JSONL, Parquet or datasets file.
 
     Memory is bounded by ``shuffle_buffer`` rows and one block of the file, whatever its size;
@@ -224,8 +225,7 @@ class FileSource(_NoCommit):
 
     def demonstrations(self, seed: int) -> FileSource:
         """Another pass over the file (its own order) for SFT, leaving this one's position."""
-        other = object.__new__(FileSource)
-        other.__dict__ |= self.__dict__
+        other = copy.copy(self)
         other.stream = self._stream(seed, warn=False)
         return other
 
