@@ -211,7 +211,11 @@ class PromptWorkload:
 
     def evaluate(self, ctl: Controller) -> dict[str, float]:
         """Held-out task prompts, greedy (``eval.greedy``): exact match, reward, length; and
-        held-out preference pairs when there is data."""
+        held-out preference pairs when there is data. Nothing when there is neither (a stream
+        source has no held-out split)."""
+        if not self.eval_set:
+            return self.pool.preference_eval(self.pref_eval, adapter=self.pid) if (
+                self.pref_eval) else {}
         specs = self.specs(self.eval_set, group=False)
         from agentrt.runner.core import EpisodeRunner
 

@@ -159,3 +159,4 @@ def test_every_prompt_trained_once_across_a_sigkill(redis_server, tmp_path: Path
     assert [r["step"] for r in rows] == list(range(6))
     assert sum(r.get("data/stream_prompts", 0) for r in rows) == 10_000
     assert client.xpending("prompts", "agentrt")["pending"] == 0
+    assert not any("eval/accuracy" in r for r in rows)  # no held-out split: no evaluation
