@@ -471,9 +471,12 @@ def _handler(control: RunControl) -> type[BaseHTTPRequestHandler]:
             if self.path.rstrip("/") != "/commands":
                 self._reply(404, {"error": f"no route {self.path}; POST /commands"})
                 return
-            size = int(self.headers.get("Content-Length") or 0)
-            if size > MAX_BODY:
-                self._reply(413, {"error": f"a command is at most {MAX_BODY} bytes"})
+            try:
+                size = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                size = -1
+            if not 0 <= size <= MAX_BODY:
+                self._reply(413, {"error": f"a command is 0 to {MAX_BODY} bytes (Content-Length)"})
                 return
             try:
                 command = json.loads(self.rfile.read(size) or b"null")
