@@ -77,6 +77,9 @@ class FeedbackConfig(ConfigModel):
     max_staleness: int = Field(
         8, ge=0, description="Feedback for an episode more than this many steps older than the "
         "step it would join is logged and dropped.")
+    max_groups_per_step: int = Field(
+        64, gt=0, description="Prompt groups replayed for feedback in one step (they add rows "
+        "to its batch); the rest, newest last, wait for the next step.")
 
 
 class ControlConfig(ConfigModel):
@@ -397,8 +400,9 @@ class RunControl:
         pending, self.feedback = self.feedback, {}
         if not pending:
             return data, {}
-        trajs, metrics = feedback_groups(self.run_dir, pending, step,
-                                         self.cfg.feedback.max_staleness)
+        fb = self.cfg.feedback
+        trajs, metrics, self.feedback = feedback_groups(self.run_dir, pending, step,
+                                                        fb.max_staleness, fb.max_groups_per_step)
         pid = self.work.pid
         return {**data, pid: list(data.get(pid, [])) + trajs}, metrics
 
@@ -489,12 +493,13 @@ def _handler(control: RunControl) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def feedback_groups(run_dir: Path, pending: dict[str, float], step: int, max_staleness: int
-                    ) -> tuple[list[Any], dict[str, float]]:
+def feedback_groups(run_dir: Path, pending: dict[str, float], step: int, max_staleness: int,
+                    max_groups: int) -> tuple[list[Any], dict[str, float], dict[str, float]]:
     """The trajectories a step trains on for the late rewards ``pending`` (episode id ->
     value): each episode's prompt group from the episode log, its rewards replaced where
-    feedback came, as one group ``feedback|s<step>|<group>``; and the ``control/feedback/``
-    metrics. Episodes more than ``max_staleness`` steps older than ``step`` are dropped."""
+    feedback came, as one group ``feedback|s<step>|<group>``; the ``control/feedback/``
+    metrics; and the feedback deferred to the next step (the groups past the ``max_groups``
+    oldest). Episodes more than ``max_staleness`` steps older than ``step`` are dropped."""
     from agentrt.episodes import EpisodeLog
     from agentrt.types import Trajectory, Turn
 
@@ -510,8 +515,11 @@ def feedback_groups(run_dir: Path, pending: dict[str, float], step: int, max_sta
                         f"{step - ep.step} steps old > feedback.max_staleness {max_staleness}")
             continue
         groups.setdefault((ep.step, ep.group_id), {})[eid] = value
+    ordered = sorted(groups.items())  # oldest first: they go stale first
+    deferred = {eid: v for _, values in ordered[max_groups:] for eid, v in values.items()}
+    groups = dict(ordered[:max_groups])
     trajs = []
-    for (at, group), values in sorted(groups.items()):
+    for (at, group), values in groups.items():
         for ep in episodes.rows(at):
             if ep.group_id != group:
                 continue
@@ -526,5 +534,6 @@ def feedback_groups(run_dir: Path, pending: dict[str, float], step: int, max_sta
                  "trained again)", applied, step, len(groups), len(trajs))
     return trajs, {"control/feedback/applied": float(applied),
                    "control/feedback/dropped": float(dropped),
+                   "control/feedback/deferred": float(len(deferred)),
                    "control/feedback/groups": float(len(groups)),
-                   "control/feedback/trained": float(len(trajs))}
+                   "control/feedback/trained": float(len(trajs))}, deferred

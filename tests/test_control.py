@@ -32,7 +32,7 @@ from agentrt.control_client import send
 from agentrt.episodes import EpisodeLog
 from agentrt.trainer import Trainer
 
-STEPS, PROMPTS, GROUP, PAUSE, STALENESS = 14, 2, 8, 11, 8
+STEPS, PROMPTS, GROUP, PAUSE, STALENESS, MAX_GROUPS = 14, 2, 8, 11, 8, 10
 
 
 def ctl(*args: str) -> tuple[int, str, str]:
@@ -90,7 +90,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
               "train": {"steps": STEPS, "prompts_per_step": PROMPTS, "group_size": GROUP},
               "eval": {"every": 100}, "checkpoint": {"every": 5, "keep": 3},
               "control": {"enabled": True, "start_paused": True,
-                          "feedback": {"max_staleness": STALENESS},
+                          "feedback": {"max_staleness": STALENESS,
+                                       "max_groups_per_step": MAX_GROUPS},
                           "redis": {"url": server.url, "stream": "ctl"}}}
     path = base / "train.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -206,25 +207,31 @@ def test_learning_rate_through_the_redis_stream(scenario) -> None:
     assert all(m[s]["actor/lr"] == pytest.approx(5e-4) for s in range(PAUSE, STEPS + 1))
 
 
-def test_feedback_for_100_episodes_is_trained_at_the_next_step(scenario) -> None:
+def test_feedback_for_100_episodes_is_trained_within_the_bound(scenario) -> None:
     ids = scenario["feedback_ids"]
     assert len(ids) == 100 and scenario["feedback_cli"][0] == 0 and scenario["old"][0] == 0
     episodes = {e.id: e for e in scenario["episodes"]}
     assert min(episodes[i].step for i in ids) >= PAUSE - STALENESS  # within the bound
-    groups = {(episodes[i].step, episodes[i].group_id) for i in ids}
-    replayed = [e for e in scenario["episodes"] if (e.step, e.group_id) in groups]
-    row = scenario["metrics"][PAUSE]
-    assert row["control/feedback/applied"] == 100
-    assert row["control/feedback/dropped"] == 1  # s1-0: 10 steps old > 8
-    assert row["control/feedback/groups"] == len(groups)
-    assert row["control/feedback/trained"] == len(replayed)
-    # trained on: the step's loss tokens are its own episodes' plus the replayed groups'
-    own = [e for e in scenario["episodes"] if e.step == PAUSE]
-    assert row["perf/train_tokens"] == sum(len(e.response_ids) for e in own + replayed)
-    nxt = scenario["metrics"][PAUSE + 1]
-    assert "control/feedback/applied" not in nxt
-    assert nxt["perf/train_tokens"] == sum(len(e.response_ids) for e in scenario["episodes"]
-                                           if e.step == PAUSE + 1)
+    groups = sorted({(episodes[i].step, episodes[i].group_id) for i in ids})
+    assert len(groups) == 13  # steps 4 (one group) to 10: the oldest 10 first, 3 a step later
+    m = scenario["metrics"]
+    for step, part in ((PAUSE, groups[:MAX_GROUPS]), (PAUSE + 1, groups[MAX_GROUPS:])):
+        given = [i for i in ids if (episodes[i].step, episodes[i].group_id) in part]
+        replayed = [e for e in scenario["episodes"] if (e.step, e.group_id) in part]
+        row = m[step]
+        assert row["control/feedback/applied"] == len(given)
+        assert row["control/feedback/groups"] == len(part)
+        assert row["control/feedback/trained"] == len(replayed) == len(part) * GROUP
+        # trained on: the step's loss tokens are its own episodes' plus the replayed groups'
+        own = [e for e in scenario["episodes"] if e.step == step]
+        assert row["perf/train_tokens"] == sum(len(e.response_ids) for e in own + replayed)
+    assert m[PAUSE]["control/feedback/applied"] + m[PAUSE + 1]["control/feedback/applied"] == 100
+    assert m[PAUSE]["control/feedback/deferred"] == m[PAUSE + 1]["control/feedback/applied"]
+    assert m[PAUSE]["control/feedback/dropped"] == 1  # s1-0: 10 steps old > 8
+    assert m[PAUSE + 1]["control/feedback/dropped"] == 0
+    assert "control/feedback/applied" not in m[PAUSE + 2]
+    assert m[PAUSE + 2]["perf/train_tokens"] == sum(len(e.response_ids) for e in scenario[
+        "episodes"] if e.step == PAUSE + 2)
 
 
 def test_a_resume_keeps_the_live_values(scenario) -> None:
