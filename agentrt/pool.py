@@ -240,6 +240,8 @@ class BasePool:
         return metrics
 
     def _reconfigure(self, cfg: PolicyConfig, name: str) -> None:
+        # only what may change live: the pool's policy keeps its own (resolved) model fields
+        cfg = self.policies[name].model_copy(update={"rollout": cfg.rollout, "optim": cfg.optim})
         self._call("reconfigure", cfg)
         self.policies[name] = cfg
         if self.cfg.id == name:

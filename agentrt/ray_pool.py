@@ -106,6 +106,7 @@ class PolicyPool(BasePool):
         self._checkpoint: Any = None  # ObjectRef of the recovery point; None: initial state
         self._initial = {"rae": dict(self.rae), "versions": dict(self.versions)}
         self._journal: list[tuple[str, tuple]] = []
+        self._policies_at_checkpoint = dict(self.policies)  # live changes (agentrt.control)
         try:
             self._start_workers(policies, seed, total_steps)
         except BaseException:
@@ -249,6 +250,10 @@ class PolicyPool(BasePool):
             self.rae = {k: RAEState(alpha=v.alpha, init=v.init)
                         for k, v in self._initial["rae"].items()}
             self.versions = dict(self._initial["versions"])
+        # A restarted actor has its config from the start; a live change (reconfigure) made
+        # before the recovery point is not in the journal, so it is applied again first.
+        for cfg in self._policies_at_checkpoint.values():
+            self._reconfigure(cfg, cfg.id)
         for op, args in self._journal:
             getattr(self, f"_{op}")(*args)
         self.replayed_calls += len(self._journal)
@@ -258,6 +263,7 @@ class PolicyPool(BasePool):
 
         self._checkpoint = ray.put(state)
         self._journal = []
+        self._policies_at_checkpoint = dict(self.policies)
 
     def shutdown(self) -> None:
         """Kills the workers, frees the placement group, and stops Ray if this pool started it."""

@@ -269,3 +269,29 @@ def test_a_run_that_does_not_answer_is_one_line(tmp_path) -> None:
     assert err.startswith(f"error: the run in {tmp_path} is not running (nothing answers")
     code, _, err = ctl(str(tmp_path / "nowhere"), "status")
     assert code == 2 and "is not a folder" in err
+
+
+def test_a_restarted_ray_worker_keeps_the_live_values(ray_session, tmp_path) -> None:
+    """A live change made before the pool's recovery point survives a kill -9 of its worker:
+    Ray restarts the actor with the config it started with, the pool applies the change again."""
+    import signal
+
+    from agentrt.config import PolicyConfig, RuntimeConfig
+    from agentrt.ray_pool import PolicyPool
+
+    cfg = PolicyConfig(id="p", model={"preset": "llama-nano"}, optim={"lr": 1e-4})
+    pool = PolicyPool([cfg], seed=0, total_steps=10, workdir=tmp_path,
+                      runtime=RuntimeConfig(backend="ray"))
+    try:
+        sampling = cfg.rollout.sampling.model_copy(update={"max_new_tokens": 2})
+        pool.reconfigure(cfg.model_copy(update={
+            "optim": cfg.optim.model_copy(update={"lr": 5e-4}),
+            "rollout": cfg.rollout.model_copy(update={"sampling": sampling})}))
+        pool.state_dict()  # the recovery point, after the change
+        os.kill(pool.pids[0], signal.SIGKILL)
+        out = pool.generate([[1, 5, 6]] * 8)
+        assert pool.worker_restarts == 1
+        assert max(len(c.response_ids) for c in out) == 2  # not the default 32
+        assert pool.state_dict()["policies"]["p"]["scheduler"]["base_lrs"] == [5e-4]
+    finally:
+        pool.shutdown()
