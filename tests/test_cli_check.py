@@ -43,6 +43,11 @@ def test_every_example_passes(path: Path, monkeypatch, capsys, request) -> None:
 
         data = prompts_parquet(request.getfixturevalue("tmp_path"))
         args += ["--set", f"task.options.path={data}"]
+    if path.name == "arith_grpo_service.yaml":  # its reward service must answer: start it
+        server = subprocess.Popen([sys.executable, str(ROOT / "examples" / "reward_server.py"),
+                                   "--port", "0"], stdout=subprocess.PIPE, text=True)
+        request.addfinalizer(server.kill)
+        args += ["--set", f"reward.0.http={server.stdout.readline().split()[-1]}"]
     code, out, err = run_cli(monkeypatch, capsys, *args)
     assert code == 0, err
     kind = out.splitlines()[0]
