@@ -1,0 +1,91 @@
+"""The default thread count against ``threads: 1``, on a quiet and on a shared machine.
+
+The arithmetic GRPO job (examples/arith_grpo.yaml: llama-tiny, 32 prompts x 8 completions per
+step, no SFT here) runs a few timed steps in a fresh process per arm: ``default`` leaves
+``threads`` unset (agentrt.threads tunes it), ``threads=1`` pins one thread. Arms alternate,
+rounds repeat, medians are compared. Two conditions, in one run: as the machine is, and with a
+busy process spinning on one core for the whole arm (a second job on a shared 2-core box).
+Prints seconds per step of each arm, the ratio default/threads=1 of steps per second (>= 1.0:
+the default is not slower), the thread count the tuner chose and the load average.
+
+Run: ``.venv/bin/python bench/threads.py [--rounds 3] [--steps 12]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "arith_grpo.yaml"
+
+ARM = r"""
+import json, sys, time
+from agentrt.config import load_config
+from agentrt.trainer import Trainer
+overrides, steps = json.loads(sys.argv[1]), int(sys.argv[2])
+cfg = load_config(sys.argv[3], overrides)
+Trainer(cfg).run(stop_after=0)  # model build, tuning, step-0 eval and checkpoint: not timed
+trainer = Trainer(load_config(sys.argv[3], overrides + [f"train.steps={steps}"]))
+start = time.perf_counter()
+trainer.run()
+seconds = time.perf_counter() - start
+rows = [json.loads(l) for l in (trainer.run_dir.path / "metrics.jsonl").read_text().splitlines()]
+print(json.dumps({"seconds": seconds, "threads": [r.get("perf/threads") for r in rows[1:]]}))
+"""
+
+BUSY = "while True: pass"
+
+
+def run_arm(pinned: bool, steps: int, run_dir: Path) -> dict:
+    overrides = [f"run_dir={run_dir}", "progress=false", "sft.steps=0", "eval.every=1000",
+                 "checkpoint.every=1000", "task.eval_size=8"]
+    if pinned:
+        overrides.append("threads=1")
+    out = subprocess.run([sys.executable, "-c", ARM, json.dumps(overrides), str(steps),
+                          str(CONFIG)], check=True, capture_output=True, text=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(rounds: int, steps: int, busy: bool) -> dict[str, list]:
+    spinner = subprocess.Popen([sys.executable, "-c", BUSY]) if busy else None
+    times: dict[str, list] = {"default": [], "threads=1": [], "chosen": []}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(rounds):
+                for arm in (("default", "threads=1") if r % 2 == 0 else ("threads=1", "default")):
+                    res = run_arm(arm == "threads=1", steps, Path(tmp) / f"{arm}-{r}")
+                    times[arm].append(res["seconds"] / steps)
+                    if arm == "default":
+                        times["chosen"].extend(res["threads"])
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=12)
+    args = ap.parse_args()
+    print(f"cpus {os.cpu_count()}, load average {os.getloadavg()[0]:.2f}; {args.rounds} rounds "
+          f"x {args.steps} GRPO steps per arm, fresh process per arm")
+    for busy in (False, True):
+        t = measure(args.rounds, args.steps, busy)
+        d, one = statistics.median(t["default"]), statistics.median(t["threads=1"])
+        chosen = sorted({int(c) for c in t["chosen"] if c is not None})
+        print(f"{'one core busy' if busy else 'as the machine is':18s} default {d:6.2f} s/step "
+              f"(tuner chose {chosen}), threads=1 {one:6.2f} s/step, "
+              f"default/threads=1 steps per second: {one / d:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
