@@ -174,6 +174,14 @@ class AlgorithmConfig(Section):
         "disable_dropout): old and reference log-probs are computed without dropout, so with it "
         "on the PPO ratio is not 1 at the first update.")
     mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass.")
+    old_logprobs: Literal["auto", "recompute", "rollout"] = Field(
+        "auto", description="Where the PPO ratio's old log-probs come from. auto: with one "
+        "optimizer step per batch (ppo_epochs 1, mini_batches 1, no train_dropout, KL not in the "
+        "reward) on fresh samples they equal the update's own log-probs, so its forward pass gives "
+        "them (detached) and none is computed twice; stale samples use the rollout's; otherwise "
+        "'recompute'. recompute: a separate forward pass of the trainer before the update. "
+        "rollout: the rollout's log-probs, no extra pass; only where the rollout's numerics match "
+        "the trainer's (fp32 HF rollout).")
     critic: bool = Field(False, description="Train a value model (set by the ppo preset).")
     vf_coef: float = Field(1.0, gt=0.0, description="Scale of the value loss.")
     value_clip: float | None = Field(0.2, gt=0.0, description="Value clipping range.")

@@ -14,6 +14,7 @@ The trainer calls ``generate``, ``prepare``, ``compute_advantages`` and ``update
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from collections import defaultdict
@@ -227,17 +228,40 @@ class HybridEngine:
         return torch.cat(parts) * batch.loss_mask
 
     # ------------------------------------------------------------------ algorithm steps
-    def prepare(self, batch: TrainBatch) -> dict[str, float]:
-        """Fills old log-probs (recomputed by the trainer model), reference log-probs, values.
+    def old_logprobs_source(self, batch: TrainBatch) -> str:
+        """Where the PPO ratio's old log-probs of ``batch`` come from (``algorithm.old_logprobs``).
 
-        Recomputing old log-probs makes the PPO ratio exact even when the rollout backend's
-        numerics differ; the gap to the rollout log-probs is reported as rollout/logprob_diff.
+        ``"update"``: one optimizer step on fresh samples starts from the rollout's weights, so
+        its own forward pass, detached, gives exactly the old log-probs (ratio 1, the same
+        gradient) and no forward pass is computed twice. ``"rollout"``: the rollout's
+        (behaviour) log-probs, also what stale samples need. ``"recompute"``: a separate forward
+        pass of the trainer in ``prepare``, exact however the rollout's numerics differ.
         """
-        rollout_lp = batch.old_logprobs
-        batch.old_logprobs = self.logprobs(batch)
-        n = batch.loss_mask.sum().clamp_min(1.0)
-        diff = ((rollout_lp - batch.old_logprobs).abs() * batch.loss_mask).sum() / n
-        metrics = {"rollout/logprob_diff": float(diff)}
+        algo = self.algo
+        if algo.old_logprobs != "auto":
+            return algo.old_logprobs
+        if batch.stale:
+            return "rollout"
+        one_step = algo.ppo_epochs == 1 and algo.mini_batches == 1
+        kl_in_reward = self.uses_reference and algo.kl.placement == "reward"  # read before it
+        if one_step and not algo.train_dropout and not kl_in_reward:
+            return "update"
+        return "recompute"
+
+    def prepare(self, batch: TrainBatch) -> dict[str, float]:
+        """Fills old log-probs (when recomputed, see :meth:`old_logprobs_source`), reference
+        log-probs (KL on) and values (critic).
+
+        A recompute reports its gap to the rollout log-probs as rollout/logprob_diff; without it
+        the update's first optimizer step reports that gap from its own forward pass.
+        """
+        metrics: dict[str, float] = {}
+        if self.old_logprobs_source(batch) == "recompute":
+            rollout_lp = batch.old_logprobs
+            batch.old_logprobs = self.logprobs(batch)
+            n = batch.loss_mask.sum().clamp_min(1.0)
+            diff = ((rollout_lp - batch.old_logprobs).abs() * batch.loss_mask).sum() / n
+            metrics["rollout/logprob_diff"] = float(diff)
         if self.uses_reference:
             batch.ref_logprobs = self.logprobs(batch, reference=True)
         if self.critic is not None:
@@ -248,13 +272,21 @@ class HybridEngine:
         """Fills ``batch.advantages`` and ``batch.returns`` with the configured estimator."""
         return advantages_from(batch, self.algo, self.kl_ctl.coef, self.rae_state)
 
-    def _policy_loss(self, mb: TrainBatch, n_tok: float, n_seq: float
+    def _policy_loss(self, mb: TrainBatch, n_tok: float, n_seq: float,
+                     old_from_update: bool = False, rollout_diff: bool = False
                      ) -> tuple[torch.Tensor, dict[str, float]]:
+        """A micro-batch's share of the policy loss. ``old_from_update``: the old log-probs are
+        this forward's own, detached; ``rollout_diff``: report the gap of this forward's
+        log-probs to ``mb.old_logprobs`` (the rollout's) as rollout/logprob_diff."""
         algo = self.algo
         logits = self.logits(self.model, mb)
         logp = shift_logprobs(logits, mb.input_ids)
+        old = logp.detach() if old_from_update else mb.old_logprobs
         token_loss, metrics = POLICY_LOSSES.get(algo.policy_loss)(
-            logp, mb.old_logprobs, mb.advantages, mb.loss_mask, algo)
+            logp, old, mb.advantages, mb.loss_mask, algo)
+        if rollout_diff:  # a share of the mini-batch's token mean: micro-batches add up
+            gap = (logp.detach() - mb.old_logprobs).abs() * mb.loss_mask
+            metrics["rollout/logprob_diff"] = float(gap.sum()) / n_tok
         agg = lambda x: aggregate(x, mb.loss_mask, algo.loss_agg, n_tok, n_seq)  # noqa: E731
         pg_loss = agg(token_loss)
         entropy = agg(shift_entropy(logits if algo.entropy_coef else logits.detach()))
@@ -330,13 +362,19 @@ class HybridEngine:
         algo = self.algo
         actor_params = self.parameters()  # also makes this policy's adapter the active one
         history: dict[str, list[float]] = defaultdict(list)
+        source = self.old_logprobs_source(batch)
         with self._training():
-            for _ in range(algo.ppo_epochs):
+            for epoch in range(algo.ppo_epochs):
                 order = (torch.randperm(batch.size, generator=self.shuffle_gen)
                          if algo.mini_batches > 1 else torch.arange(batch.size))
-                for part in chunks(batch.size, math.ceil(batch.size / algo.mini_batches)):
+                for i, part in enumerate(chunks(batch.size,
+                                                math.ceil(batch.size / algo.mini_batches))):
                     mb = batch.select(order[part])
-                    for k, v in self.optimize(mb, self._policy_loss, self.optimizer,
+                    # the first step's weights are the rollout's: its forward measures the gap
+                    loss_fn = functools.partial(
+                        self._policy_loss, old_from_update=source == "update",
+                        rollout_diff=source != "recompute" and epoch == 0 and i == 0)
+                    for k, v in self.optimize(mb, loss_fn, self.optimizer,
                                               actor_params, "actor").items():
                         history[k].append(v)
                     if self.critic is not None:

@@ -35,7 +35,8 @@ def shift_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 # Metrics that are a micro-batch's (or replica's) *share* of a whole mini-batch quantity (losses
 # divided by the mini-batch's counts): they add up. Every other metric is a local mean, averaged.
-SHARE_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl", "critic/vf_loss")
+SHARE_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl", "critic/vf_loss",
+                 "rollout/logprob_diff")
 
 
 def is_share_metric(key: str) -> bool:

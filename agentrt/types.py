@@ -149,6 +149,9 @@ class TrainBatch:
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    # Sampled by older weights than the learner's (async rollout): the PPO ratio must then use
+    # the rollout's (behaviour) log-probs, never the learner's current ones.
+    stale: bool = False
 
     @property
     def size(self) -> int:

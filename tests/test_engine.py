@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -37,16 +39,58 @@ def params_of(engine):
     return {k: v.detach().clone() for k, v in engine.model.named_parameters()}
 
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_rollout_logprobs_match_recomputed(tiny_model_dir, lora):
+@pytest.mark.parametrize("lora,old", [(False, "recompute"), (True, "recompute"), (True, "auto")])
+def test_rollout_logprobs_match_recomputed(tiny_model_dir, lora, old):
+    """The gap is measured by the separate recompute, or (auto, one step per batch) by the
+    update's own forward before its step."""
     sampling = SamplingConfig(temperature=0.7, max_new_tokens=6)
-    eng = make_engine(tiny_model_dir, lora=LoraConfig(enabled=lora), rollout={"sampling": sampling})
+    eng = make_engine(tiny_model_dir, lora=LoraConfig(enabled=lora), rollout={"sampling": sampling},
+                      algorithm=AlgorithmConfig(old_logprobs=old))
     batch, comps = rollout_batch(eng)
     assert any(not c.finished for c in comps) or all(c.response_ids[-1] == eng.eos_id
                                                      for c in comps)
     metrics = eng.prepare(batch)
+    assert ("rollout/logprob_diff" in metrics) == (old == "recompute")
+    metrics |= eng.compute_advantages(batch) | eng.update(batch)
     # Left-padded cached generation vs right-padded full forward: same math, float32 rounding.
-    assert metrics["rollout/logprob_diff"] < 1e-5
+    assert 0.0 < metrics["rollout/logprob_diff"] < 1e-5
+
+
+def test_old_logprobs_from_the_update_give_the_recomputed_step(tiny_model_dir):
+    """One update per batch: taking the old log-probs from the update's own forward (no
+    recompute) gives bit for bit the weights of the step with the separate recompute."""
+    engines = [make_engine(tiny_model_dir, optim={"lr": 1e-2},
+                           algorithm=AlgorithmConfig(old_logprobs=old))
+               for old in ("recompute", "auto")]
+    batch, _ = rollout_batch(engines[0])
+    batch.old_logprobs = batch.old_logprobs + 0.05 * batch.loss_mask  # rollout numerics off
+    params, metrics = [], []
+    for eng in engines:
+        b = batch.select(list(range(batch.size)))
+        metrics.append(eng.prepare(b) | eng.compute_advantages(b) | eng.update(b))
+        params.append(params_of(eng))
+    assert [e.old_logprobs_source(batch) for e in engines] == ["recompute", "update"]
+    assert metrics[0]["actor/grad_norm"] > 0 and metrics[1]["actor/ppo_kl"] == 0.0
+    assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
+    for m in metrics:  # the 0.05 offset, seen by the recompute or by the update's forward
+        assert m["rollout/logprob_diff"] == pytest.approx(0.05, abs=1e-5)
+
+
+def test_old_logprobs_are_recomputed_or_the_rollouts_where_the_update_cannot_give_them(
+        tiny_model_dir):
+    batch, _ = rollout_batch(make_engine(tiny_model_dir))
+    cases = {"recompute": [AlgorithmConfig(ppo_epochs=2), AlgorithmConfig(mini_batches=2),
+                           AlgorithmConfig(kl={"coef": 0.1, "placement": "reward"}),
+                           AlgorithmConfig(train_dropout=True)],
+             "update": [AlgorithmConfig(kl={"coef": 0.1})],
+             "rollout": [AlgorithmConfig(ppo_epochs=2, old_logprobs="rollout")]}
+    for want, algos in cases.items():
+        for algo in algos:
+            assert make_engine(tiny_model_dir, algorithm=algo).old_logprobs_source(batch) == want
+    batch.stale = True  # async rollout: only the behaviour log-probs are right
+    assert make_engine(tiny_model_dir).old_logprobs_source(batch) == "rollout"
+    assert make_engine(tiny_model_dir, algorithm=AlgorithmConfig(ppo_epochs=2)
+                       ).old_logprobs_source(batch.select([0, 1])) == "rollout"
 
 
 def test_greedy_generation_is_deterministic_and_respects_length(tiny_model_dir):
@@ -65,7 +109,7 @@ def test_lora_reference_is_the_base_with_adapter_disabled(tiny_model_dir):
     base_before = {k: v.clone() for k, v in eng.model.named_parameters() if "lora" not in k}
     batch, _ = rollout_batch(eng)
     eng.prepare(batch)
-    torch.testing.assert_close(batch.ref_logprobs, batch.old_logprobs)  # LoRA B starts at 0
+    torch.testing.assert_close(batch.ref_logprobs, eng.logprobs(batch))  # LoRA B starts at 0
     eng.compute_advantages(batch)
     m = eng.update(batch)
     assert m["actor/kl"] == pytest.approx(0.0, abs=1e-6) and m["actor/skipped"] == 0
@@ -73,7 +117,7 @@ def test_lora_reference_is_the_base_with_adapter_disabled(tiny_model_dir):
         if "lora" not in k:
             assert torch.equal(v, base_before[k]), f"base weight {k} changed under LoRA"
     eng.prepare(batch)
-    assert not torch.allclose(batch.ref_logprobs, batch.old_logprobs)
+    assert not torch.allclose(batch.ref_logprobs, eng.logprobs(batch))
 
 
 def test_full_weight_reference_stays_frozen(tiny_model_dir):
@@ -86,7 +130,7 @@ def test_full_weight_reference_stays_frozen(tiny_model_dir):
     eng.update(batch)
     eng.prepare(batch)
     torch.testing.assert_close(batch.ref_logprobs, ref_before)
-    assert not torch.allclose(batch.old_logprobs, ref_before)
+    assert not torch.allclose(eng.logprobs(batch), ref_before)
 
 
 def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny_model_dir):
@@ -100,7 +144,8 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny_model_dir):
         params = [p for p in eng.model.parameters()]
         before = [p.detach().clone() for p in params]
         # SGD with lr 1 makes the weight change equal to minus the (clipped) gradient.
-        eng.optimize(b, eng._policy_loss, torch.optim.SGD(params, lr=1.0), params, "actor")
+        loss_fn = functools.partial(eng._policy_loss, old_from_update=True)  # as update does
+        eng.optimize(b, loss_fn, torch.optim.SGD(params, lr=1.0), params, "actor")
         steps.append(torch.cat([(p.detach() - q).flatten() for p, q in zip(params, before)]))
     assert steps[1].abs().max() > 0
     assert (steps[0] - steps[1]).abs().max() <= 1e-6 * steps[1].abs().max()
@@ -203,11 +248,11 @@ def test_reference_rebased_after_warm_start_survives_a_checkpoint(tiny_model_dir
     eng.update(batch)  # stands in for a warm start
     eng.reset_reference()
     eng.prepare(batch)
-    torch.testing.assert_close(batch.ref_logprobs, batch.old_logprobs)  # ref == current policy
+    torch.testing.assert_close(batch.ref_logprobs, eng.logprobs(batch))  # ref == current policy
     other = make_engine(tiny_model_dir, algorithm=AlgorithmConfig(kl={"coef": 0.1}))
     other.load_state_dict(eng.state_dict())
     other.prepare(batch)
-    torch.testing.assert_close(batch.ref_logprobs, batch.old_logprobs)
+    torch.testing.assert_close(batch.ref_logprobs, other.logprobs(batch))
 
 
 @pytest.mark.parametrize("train_dropout", [False, True])
