@@ -1,0 +1,131 @@
+"""Model FLOPs utilisation of rollout and update against a matmul peak measured in the same run.
+
+Peak: the best GFLOP/s of fp32 and bf16 GEMMs of the sizes these models run (rows x hidden @
+hidden x intermediate, rows = the rollout batch and the update's tokens), with the same thread
+count. Rollout: one batched generate of ``--batch`` 2-digit addition prompts (the agentrt HF
+rollout); generated tokens/s x model FLOPs per generated token (2 x the weights of every linear
+layer, lm_head included, plus attention 4 x layers x width x the positions attended). Update: one
+GRPO update on that batch (forward + backward = 3 x the forward FLOPs of its real tokens, padding
+not counted) per second of the update. MFU = achieved / peak, printed against both peaks.
+
+Run: ``.venv/bin/python bench/mfu.py [--models llama-small,llama-tiny] [--batch 256]
+[--tokens 32] [--threads 2] [--dtype fp32|bf16] [--reps 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+def gemm_peak(dtype: torch.dtype, shapes: list[tuple[int, int, int]], reps: int) -> float:
+    """Best GFLOP/s of ``m x k @ k x n`` over ``shapes`` (each warmed up, best of ``reps``)."""
+    best = 0.0
+    for m, k, n in shapes:
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        inner = max(1, int(2e9 / (2 * m * k * n)))  # about 2 GFLOP per timing
+        a @ b
+        for _ in range(reps):
+            start = time.perf_counter()
+            for _ in range(inner):
+                a @ b
+            best = max(best, 2 * m * k * n * inner / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def linear_weights(model: nn.Module) -> int:
+    """Multiply-adds per token of every linear layer (lm_head included; embeddings are lookups)."""
+    return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def forward_flops(model: nn.Module, positions: list[int]) -> float:
+    """Forward FLOPs of tokens at ``positions`` (0-based; the token at t attends t + 1 keys)."""
+    c = model.config
+    width = c.num_attention_heads * getattr(c, "head_dim", c.hidden_size // c.num_attention_heads)
+    lin = 2 * linear_weights(model)
+    return sum(lin + 4 * c.num_hidden_layers * width * (t + 1) for t in positions)
+
+
+def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float]:
+    from agentrt.config import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
+    from agentrt.engine import HybridEngine
+    from agentrt.policies import build_model
+    from agentrt.tasks import encode_prompt, make_splits
+    from agentrt.types import Trajectory, Turn, collate
+
+    path = build_model(folder / preset, preset, seed=0)
+    cfg = PolicyConfig(model=ModelConfig(path=str(path), dtype=a.dtype),
+                       rollout={"sampling": SamplingConfig(temperature=1.0,
+                                                           max_new_tokens=a.tokens),
+                                "batch_size": a.batch},
+                       algorithm=AlgorithmConfig(name="grpo"), micro_batch_size=a.batch)
+    eng = HybridEngine(cfg, seed=0)
+    train, _ = make_splits("arithmetic", {"digits": 2, "ops": ["+"]}, a.batch, 8, 0)
+    prompts = [encode_prompt(eng.tokenizer, ex.prompt) for ex in train[:a.batch]]
+    eng.generate(prompts[:8])  # warm-up
+    gen, upd = [], []
+    for rep in range(a.reps):
+        start = time.perf_counter()
+        comps = eng.generate(prompts)
+        seconds = time.perf_counter() - start
+        pos = [len(p) + i for p, c in zip(prompts, comps) for i in range(len(c.response_ids))]
+        gen.append(forward_flops(eng.model, pos) / seconds)
+        gen_tok = sum(len(c.response_ids) for c in comps) / seconds
+        trajs = [Trajectory([Turn(p, c.response_ids, c.logprobs, reward=float(i % 3))],
+                            group_id=str(i // 8))
+                 for i, (p, c) in enumerate(zip(prompts, comps))]
+        batch = collate(trajs, eng.pad_id)
+        eng.prepare(batch)
+        eng.compute_advantages(batch)
+        start = time.perf_counter()
+        eng.update(batch)
+        seconds = time.perf_counter() - start
+        lengths = batch.attention_mask.sum(-1).tolist()
+        upd.append(3 * forward_flops(eng.model, [t for n in lengths for t in range(n)]) / seconds)
+        if rep == 0:
+            per_token = forward_flops(eng.model, pos) / len(pos)
+    return {"rollout_gflops": statistics.median(gen) / 1e9,
+            "update_gflops": statistics.median(upd) / 1e9,
+            "gen_tokens_per_s": gen_tok, "mflop_per_token": per_token / 1e6}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="llama-small,llama-tiny")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    shapes = [(a.batch, 256, 1024), (a.batch, 1024, 256), (a.batch, 128, 512),
+              (4096, 256, 1024), (4096, 1024, 256)]
+    peaks = {"fp32": gemm_peak(torch.float32, shapes, a.reps),
+             "bf16": gemm_peak(torch.bfloat16, shapes, a.reps)}
+    print(f"cpus {os.cpu_count()}, threads {a.threads}, load average "
+          f"{os.getloadavg()[0]:.1f}; matmul peak fp32 {peaks['fp32']:.0f} GFLOP/s, bf16 "
+          f"{peaks['bf16']:.0f} GFLOP/s; model dtype {a.dtype}, rollout batch {a.batch}, "
+          f"{a.tokens} new tokens")
+    with tempfile.TemporaryDirectory() as tmp:
+        for preset in a.models.split(","):
+            r = measure(preset, a, Path(tmp))
+            for phase in ("rollout", "update"):
+                got = r[f"{phase}_gflops"]
+                print(f"  {preset:11s} {phase:7s} {got:6.1f} GFLOP/s: MFU "
+                      f"{got / peaks['fp32']:.0%} of the fp32 peak, "
+                      f"{got / peaks['bf16']:.0%} of the bf16 peak"
+                      + (f" ({r['gen_tokens_per_s']:.0f} generated tokens/s, "
+                         f"{r['mflop_per_token']:.1f} MFLOP per token)"
+                         if phase == "rollout" else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,396 @@
+"""GRPO on the same work with agentrt and with TRL's GRPOTrainer, side by side.
+
+Both sides load one saved model folder and tokenizer (agentrt.policies.build_model), train on
+2-digit addition prompts (bos + "a+b=", the same token ids) with the exact-match reward, fp32,
+KL off (beta 0), one optimizer step per batch of 32 prompts x 8 completions, AdamW at a constant
+1e-4, clip 1.0, token-mean loss (TRL: dapo), group-std advantages with the same epsilon (1e-4).
+
+First a parity check on one fixed batch (sampled by agentrt, a few completions replaced by the
+right answer so the rewards vary): the log-probs of both trainers, the advantages, the loss and
+the gradient norm at the same weights must agree, or the script stops (with the ratio at 1 the
+loss alone depends only on advantages and lengths; the log-probs and gradient test the rest). Then, per model and response length, each side
+runs warm-up and timed steps in a fresh process; arms alternate within each repetition. Prints
+per side steps/s, rollout tokens/s, trainer samples/s (samples / (prepare + update) seconds),
+peak RSS, the phase breakdown per step (generate, prepare, update, other) and the agentrt/TRL
+ratio of steps per second (median over repetitions).
+
+Run: ``.venv/bin/python bench/vs_trl.py [--models llama-tiny,llama-small] [--tokens 6,32]
+[--reps 3] [--steps 20] [--warmup 3] [--threads 2] [--backend hf|vllm] [--set KEY=VALUE]
+[--base-set KEY=VALUE]``. ``--set`` passes agentrt config overrides to the agentrt arms;
+``--base-set`` adds a third arm, agentrt-base, with more overrides (before/after in one run, e.g.
+``--base-set policy.algorithm.old_logprobs=recompute``: the separate old-logprob pass).
+Needs the bench extra: ``pip install -e .[bench]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS, GROUP, LR, EPS, SEED = 32, 8, 1e-4, 1e-4, 0
+# fp32 on both sides, different kernels; grad_norm is relative
+TOL = {"logprobs": 2e-4, "advantages": 1e-5, "loss": 1e-5, "grad_norm": 1e-4}
+
+
+def examples(n: int, seed: int) -> list:
+    """The arithmetic task's training examples (2-digit addition), as agentrt draws them."""
+    from agentrt.config import TaskConfig
+    from agentrt.data import open_source
+
+    return open_source(TaskConfig.model_validate(task_config(n)), seed).next(n)
+
+
+def task_config(n: int) -> dict:
+    return {"name": "arithmetic", "train_size": max(n, 256), "eval_size": 8,
+            "options": {"digits": 2, "ops": ["+"]}}
+
+
+def peak_rss_mb() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, kids) / 1024.0
+
+
+# ---------------------------------------------------------------------------------- agentrt arm
+def agentrt_config(model_dir: str, tokens: int, steps: int, run_dir: str, threads: int,
+                   backend: str, overrides: list[str]):
+    import yaml
+
+    from agentrt.config import load_config
+
+    raw = {
+        "seed": SEED, "run_dir": run_dir, "progress": False, "threads": threads,
+        "task": task_config(20000), "reward": "exact_match",
+        "policy": {"id": "p", "model": {"path": model_dir},
+                   "rollout": {"backend": backend,
+                               "sampling": {"temperature": 1.0, "max_new_tokens": tokens}},
+                   "optim": {"lr": LR, "max_grad_norm": 1.0},
+                   "algorithm": {"name": "grpo", "kl": {"coef": 0.0}, "eps": EPS},
+                   "micro_batch_size": PROMPTS * GROUP},
+        "sft": {"steps": 0}, "train": {"steps": steps, "prompts_per_step": PROMPTS,
+                                       "group_size": GROUP},
+        "eval": {"every": 100000}, "checkpoint": {"every": 100000},
+    }
+    path = Path(tempfile.mkdtemp()) / "vs_trl.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return load_config(path, overrides)
+
+
+def run_agentrt(a: argparse.Namespace) -> dict:
+    from agentrt.trainer import Trainer
+
+    total = a.warmup + a.steps + 1  # the last step also evaluates and saves: not timed
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = agentrt_config(a.model_dir, a.tokens, total, tmp, a.threads, a.backend, a.set)
+        trainer = Trainer(cfg)
+        trainer.run()
+        rows = [json.loads(line) for line in
+                (trainer.run_dir.path / "metrics.jsonl").read_text().splitlines()]
+    steps = []
+    for prev, row in zip(rows[a.warmup:], rows[a.warmup + 1:total]):
+        wall = row["time"] - prev["time"]
+        gen, prep, upd = (row.get(k, 0.0) for k in
+                          ("timing_s/rollout", "timing_s/prepare", "timing_s/update"))
+        steps.append({"wall": wall, "generate": gen, "prepare": prep, "update": upd,
+                      "tokens": row["rollout/response_length"] * PROMPTS * GROUP})
+    return summarize(steps)
+
+
+# ---------------------------------------------------------------------------------- TRL arm
+def trl_args(out: str, tokens: int, steps: int, threads: int, vllm: bool):
+    from trl import GRPOConfig
+
+    extra = ({"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3,
+              "vllm_max_model_length": 128} if vllm else {})
+    return GRPOConfig(
+        output_dir=out, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
+        gradient_accumulation_steps=1, max_completion_length=tokens, temperature=1.0,
+        top_p=1.0, top_k=0, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
+        max_grad_norm=1.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
+        weight_decay=0.0, beta=0.0, num_iterations=1, epsilon=0.2, loss_type="dapo",
+        scale_rewards="group", max_steps=steps, logging_steps=1, report_to=[],
+        save_strategy="no", seed=SEED, use_cpu=True, bf16=False, fp16=False,
+        dataloader_num_workers=0, disable_tqdm=True, **extra)
+
+
+def exact_match_reward(completions: list[str], answer: list[str], **_: object) -> list[float]:
+    """agentrt's exact_match, in TRL's reward-function contract."""
+    from agentrt.rewards import exact_match
+
+    return [exact_match("", c, {"answer": a}) for c, a in zip(completions, answer)]
+
+
+def trl_dataset(tokenizer, n: int):
+    from datasets import Dataset
+
+    exs = examples(n, SEED)
+    # TRL tokenizes the text with add_special_tokens; our tokenizer adds none, so the bos goes
+    # in as text: the ids are agentrt's encode_prompt (bos + prompt).
+    return Dataset.from_list([{"prompt": tokenizer.bos_token + ex.prompt, "answer": ex.answer}
+                              for ex in exs])
+
+
+def timed_trainer(cls):
+    """GRPOTrainer that records each step's phases (generate, prepare, update) and wall."""
+    from transformers import TrainerCallback
+
+    class Timed(cls):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.phases: list[dict] = []
+            self._cur = {"generate": 0.0, "prepare": 0.0, "tokens": 0}
+            self._t_inputs = self._t_end = time.perf_counter()
+            owner = self
+
+            class Clock(TrainerCallback):
+                def on_step_end(self, args, state, control, **kw):
+                    now = time.perf_counter()
+                    owner.phases.append(owner._cur | {"update": now - owner._t_inputs,
+                                                      "wall": now - owner._t_end})
+                    owner._cur = {"generate": 0.0, "prepare": 0.0, "tokens": 0}
+                    owner._t_end = now
+
+            self.add_callback(Clock())
+
+        def _generate(self, prompts):
+            t = time.perf_counter()
+            out = super()._generate(prompts)
+            self._cur["generate"] += time.perf_counter() - t
+            self._cur["tokens"] += sum(len(c) for c in out[1])
+            return out
+
+        def _prepare_inputs(self, batch):
+            t, gen = time.perf_counter(), self._cur["generate"]
+            out = super()._prepare_inputs(batch)
+            self._t_inputs = time.perf_counter()
+            self._cur["prepare"] += self._t_inputs - t - (self._cur["generate"] - gen)
+            return out
+
+    return Timed
+
+
+def run_trl(a: argparse.Namespace) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    total = a.warmup + a.steps + 1
+    tok = AutoTokenizer.from_pretrained(a.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype="float32")
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = timed_trainer(GRPOTrainer)(
+            model=model, reward_funcs=exact_match_reward, processing_class=tok,
+            args=trl_args(tmp, a.tokens, total, a.threads, a.backend == "vllm"),
+            train_dataset=trl_dataset(tok, 20000))
+        trainer.train()
+    return summarize(trainer.phases[a.warmup:a.warmup + a.steps])
+
+
+def summarize(steps: list[dict]) -> dict:
+    n = len(steps)
+    tot = {k: sum(s[k] for s in steps) for k in ("wall", "generate", "prepare", "update",
+                                                  "tokens")}
+    return {"steps": n, "steps_per_s": n / tot["wall"],
+            "rollout_tokens_per_s": tot["tokens"] / max(tot["generate"], 1e-9),
+            "trainer_samples_per_s": n * PROMPTS * GROUP / max(tot["prepare"] + tot["update"],
+                                                                 1e-9),
+            "peak_rss_mb": peak_rss_mb(),
+            "phase_s": {k: tot[k] / n for k in ("generate", "prepare", "update")}
+            | {"other": (tot["wall"] - tot["generate"] - tot["prepare"] - tot["update"]) / n}}
+
+
+# ---------------------------------------------------------------------------------- parity
+def run_parity(a: argparse.Namespace) -> dict:
+    """Log-probs, advantages and loss of one fixed batch on both trainers, same weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    from agentrt.engine import HybridEngine
+    from agentrt.rewards import exact_match
+    from agentrt.tasks import encode_prompt
+    from agentrt.types import Trajectory, Turn, collate
+
+    cfg = agentrt_config(a.model_dir, a.tokens, 1, "unused", a.threads, "hf", a.set).policy
+    torch.manual_seed(SEED)
+    eng = HybridEngine(cfg, seed=SEED)
+    tok = eng.tokenizer
+    exs = [ex for ex in examples(4, SEED + 7) for _ in range(GROUP)]
+    prompts = [encode_prompt(tok, ex.prompt) for ex in exs]
+    comps = eng.generate(prompts)
+    responses = [list(c.response_ids) for c in comps]
+    for i in range(0, len(exs), 3):  # some right answers, so the rewards vary within groups
+        responses[i] = tok.encode(exs[i].answer, add_special_tokens=False) + [eng.eos_id]
+    rewards = [exact_match("", tok.decode(r, skip_special_tokens=True), {"answer": ex.answer})
+               for r, ex in zip(responses, exs)]
+    trajs = [Trajectory([Turn(p, r, [0.0] * len(r), reward=rw)], group_id=str(i // GROUP))
+             for i, (p, r, rw) in enumerate(zip(prompts, responses, rewards))]
+    batch = collate(trajs, eng.pad_id)
+    ours_lp = eng.logprobs(batch)
+    eng.prepare(batch)
+    eng.compute_advantages(batch)
+    ours_adv = batch.advantages.max(-1).values + batch.advantages.min(-1).values  # per row
+    step = eng.update(batch)  # its loss and gradient norm are taken before the step
+    ours_loss, ours_grad = step["actor/loss"], step["actor/grad_norm"]
+
+    def fixed_rollout(prompts_text, trainer):
+        return {"prompt_ids": prompts, "completion_ids": responses,
+                "logprobs": [[0.0] * len(r) for r in responses]}
+
+    model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype="float32")
+    hf_tok = AutoTokenizer.from_pretrained(a.model_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = GRPOTrainer(model=model, reward_funcs=exact_match_reward,
+                              processing_class=hf_tok, rollout_func=fixed_rollout,
+                              args=trl_args(tmp, a.tokens, 1, a.threads, False),
+                              train_dataset=trl_dataset(hf_tok, 64))
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = 1  # what train() sets before a step
+        rows = [{"prompt": hf_tok.bos_token + ex.prompt, "answer": ex.answer} for ex in exs]
+        inputs = trainer._generate_and_score_completions(rows)
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        k = inputs["completion_ids"].shape[1]
+        with torch.no_grad():
+            trl_lp, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, k)
+        loss = trainer.compute_loss(trainer.model, inputs)
+        loss.backward()
+        trl_loss = float(loss)
+        trl_grad = float(torch.cat([p.grad.flatten() for p in trainer.model.parameters()
+                                    if p.grad is not None]).norm())
+        trl_adv = inputs["advantages"].reshape(-1)
+    # agentrt rows are right-padded prompt+response; TRL's completions start at column 0.
+    ours = torch.cat([ours_lp[i, len(p):len(p) + len(r)] for i, (p, r) in
+                      enumerate(zip(prompts, responses))])
+    theirs = torch.cat([trl_lp[i, :len(r)] for i, r in enumerate(responses)])
+    return {"logprobs": float((ours - theirs).abs().max()), "mean_logprob": float(ours.mean()), "advantages": float((ours_adv - trl_adv).abs().max()),
+            "loss": abs(ours_loss - trl_loss), "loss_agentrt": ours_loss, "loss_trl": trl_loss,
+            "grad_norm": abs(ours_grad - trl_grad) / max(trl_grad, 1e-12),
+            "rewards": sum(rewards)}
+
+
+# ---------------------------------------------------------------------------------- driver
+def worker(arm: str, model_dir: Path, tokens: int, a: argparse.Namespace,
+           overrides: list[str]) -> dict:
+    cmd = [sys.executable, __file__, "--worker", arm, "--model-dir", str(model_dir),
+           "--tokens", str(tokens), "--steps", str(a.steps), "--warmup", str(a.warmup),
+           "--threads", str(a.threads), "--backend", a.backend]
+    for s in overrides:
+        cmd += ["--set", s]
+    env = os.environ | {"OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false",
+                        "TRANSFORMERS_VERBOSITY": "error", "TRL_EXPERIMENTAL_SILENCE": "1",
+                        "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    if out.returncode:
+        raise RuntimeError(f"{arm} worker failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def show(name: str, runs: list[dict]) -> None:
+    med = lambda k: statistics.median(r[k] for r in runs)  # noqa: E731
+    ph = {k: statistics.median(r["phase_s"][k] for r in runs) for k in runs[0]["phase_s"]}
+    print(f"  {name:12s} {med('steps_per_s'):6.3f} steps/s {med('rollout_tokens_per_s'):7.0f} "
+          f"rollout tok/s {med('trainer_samples_per_s'):6.1f} trainer samples/s  peak RSS "
+          f"{max(r['peak_rss_mb'] for r in runs):5.0f} MB | per step "
+          + ", ".join(f"{k} {v:.3f}" for k, v in ph.items()) + " s")
+
+
+def parity(preset: str, model_dir: Path, tokens: int, a: argparse.Namespace) -> None:
+    par = worker("parity", model_dir, tokens, a, a.set)
+    print(f"{preset} parity: max |diff| log-probs {par['logprobs']:.2e} (mean log-prob "
+          f"{par['mean_logprob']:.3f}), advantages {par['advantages']:.2e}, loss "
+          f"{par['loss']:.2e} ({par['loss_agentrt']:.6f} vs {par['loss_trl']:.6f}), gradient "
+          f"norm {par['grad_norm']:.1e} relative ("
+          f"{par['rewards']:.0f} right answers in the batch)")
+    bad = {k: par[k] for k in TOL if not par[k] <= TOL[k]}
+    if bad:
+        sys.exit(f"PARITY FAILED for {preset}: {bad} exceed the tolerances {TOL}")
+
+
+def compare(preset: str, model_dir: Path, n: int, a: argparse.Namespace) -> dict[str, float]:
+    """Interleaved reps of every arm; returns each agentrt arm's median ratio to TRL."""
+    arms = {"agentrt": ("agentrt", a.set), "TRL": ("trl", [])}
+    if a.base_set:
+        arms["agentrt-base"] = ("agentrt", a.set + a.base_set)
+    names = list(arms)
+    runs: dict[str, list[dict]] = {k: [] for k in names}
+    for rep in range(a.reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            kind, overrides = arms[name]
+            try:
+                runs[name].append(worker(kind, model_dir, n, a, overrides))
+            except RuntimeError as exc:
+                if kind != "trl" or a.backend != "vllm":
+                    raise
+                print(f"  TRL with vLLM (colocate) does not run here: "
+                      f"{str(exc).strip().splitlines()[-1]}")
+                names.remove(name)
+    print(f"{preset}, {n} generated tokens (load {os.getloadavg()[0]:.1f}):")
+    ratios = {}
+    for name in names:
+        show(name, runs[name])
+    for name in names:
+        if name != "TRL" and "TRL" in names:
+            per_rep = [x["steps_per_s"] / y["steps_per_s"]
+                       for x, y in zip(runs[name], runs["TRL"])]
+            ratios[name] = statistics.median(per_rep)
+            print(f"  {name}/TRL steps per second: {ratios[name]:.2f}x (per rep: "
+                  f"{', '.join(f'{r:.2f}' for r in per_rep)})")
+    return ratios
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="llama-tiny,llama-small")
+    ap.add_argument("--tokens", default="6,32")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    ap.add_argument("--set", action="append", default=[], help="agentrt override KEY=VALUE")
+    ap.add_argument("--base-set", action="append", default=[],
+                    help="adds an arm agentrt-base with these overrides on top of --set")
+    ap.add_argument("--skip-parity", action="store_true")
+    ap.add_argument("--worker", choices=("agentrt", "trl", "parity"), help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        import torch
+
+        torch.set_num_threads(a.threads)
+        a.tokens = int(a.tokens)
+        run = {"agentrt": run_agentrt, "trl": run_trl, "parity": run_parity}[a.worker]
+        print(json.dumps(run(a)))
+        return
+    from agentrt.policies import build_model
+
+    tokens = [int(t) for t in a.tokens.split(",")]
+    print(f"cpus {os.cpu_count()}, threads {a.threads}, load average "
+          f"{os.getloadavg()[0]:.1f}; {PROMPTS} prompts x {GROUP} completions per step, "
+          f"{a.reps} interleaved reps x {a.steps} timed steps (+{a.warmup} warm-up), fresh "
+          f"process per arm; backend {a.backend}; agentrt overrides {a.set or 'none'}"
+          + (f", agentrt-base adds {a.base_set}" if a.base_set else ""))
+    summary = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for preset in a.models.split(","):
+            model_dir = build_model(Path(tmp) / preset, preset, seed=SEED)
+            if not a.skip_parity:
+                parity(preset, model_dir, tokens[0], a)
+            for n in tokens:
+                for name, r in compare(preset, model_dir, n, a).items():
+                    summary.append(f"{preset} {n} tok {name} {r:.2f}x")
+    if summary:
+        print("agentrt/TRL steps per second (median of reps): " + "; ".join(summary))
+
+
+if __name__ == "__main__":
+    main()
