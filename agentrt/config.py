@@ -311,10 +311,21 @@ class SFTConfig(Section):
     warmup_steps: int = Field(10, ge=0, description="SFT linear warm-up steps.")
 
 
+class AsyncRolloutConfig(Section):
+    """The next step's rollout overlapping this step's update (docs/async.md)."""
+
+    enabled: bool = Field(False, description="Generate step t+1's samples on a copy of the "
+                          "weights while step t's update runs; the PPO ratio corrects the lag.")
+    max_staleness: int = Field(1, ge=1, description="Most versions a sample may be behind the "
+                               "learner when it is trained; a step with older samples is "
+                               "generated again (async/dropped_stale).")
+
+
 class LoopConfig(Section):
     steps: int = Field(100, ge=0, description="RL steps (one rollout + update each).")
     prompts_per_step: int = Field(32, gt=0, description="Distinct prompts per step.")
     group_size: int = Field(8, gt=0, description="Responses sampled per prompt.")
+    async_rollout: AsyncRolloutConfig = Field(default_factory=AsyncRolloutConfig)
 
 
 class EvalConfig(Section):
@@ -444,6 +455,32 @@ class TrainConfig(Section):
         if algo.is_preference and not algo.online and self.data.path is None:
             raise ValueError(f"algorithm {algo.name} needs data.path (a JSONL/Parquet/datasets "
                              "folder) or policy.algorithm.online: true")
+        return self
+
+    @model_validator(mode="after")
+    def _async_rollout(self) -> TrainConfig:
+        if not self.train.async_rollout.enabled:
+            return self
+        p, why = self.policy, None
+        if p.algorithm.is_preference:
+            why = (f"it corrects the lag with the PPO importance ratio, which algorithm "
+                   f"{p.algorithm.name} does not have")
+        elif self.runtime.backend != "local":
+            why = "it runs the rollout in a thread of this process: set runtime.backend: local"
+        elif p.rollout.backend != "hf":
+            why = "it generates on a copy of the module: set policy.rollout.backend: hf"
+        elif p.algorithm.train_dropout:
+            why = ("dropout in the update draws from torch's generator, which the rollout thread "
+                   "samples from: set policy.algorithm.train_dropout: false")
+        elif p.algorithm.old_logprobs == "recompute":
+            why = ("the PPO ratio of a stale sample needs its rollout (behaviour) log-probs: set "
+                   "policy.algorithm.old_logprobs: auto")
+        elif self.drift.enabled and self.drift.action != "log":
+            why = (f"drift.action {self.drift.action} reloads a checkpoint under a step in "
+                   "flight: set drift.action: log")
+        if why is not None:
+            raise ValueError(f"train.async_rollout is not supported here: {why}, or "
+                             "train.async_rollout.enabled: false")
         return self
 
 

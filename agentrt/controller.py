@@ -30,8 +30,9 @@ from typing import Any, Callable, Protocol
 import torch
 import yaml
 
-from agentrt.config import (ExportConfig, GuardsConfig, PolicyConfig, RuntimeConfig,
-                            SamplingConfig)
+from agentrt.async_rollout import AsyncRollout
+from agentrt.config import (AsyncRolloutConfig, ExportConfig, GuardsConfig, PolicyConfig,
+                            RuntimeConfig, SamplingConfig)
 from agentrt.drift import DriftConfig, DriftMonitor, DriftPaused, weights_sha256
 from agentrt.engine import Completion
 from agentrt.exporters import Exporters, code_version
@@ -138,13 +139,18 @@ class Controller:
         drift: Drift detection on the learners' rollouts and its action (:mod:`agentrt.drift`).
         control: Online control (:class:`agentrt.control.RunControl`): commands applied at the
             start of each step, late-feedback groups added to its training data.
+        async_rollout: The next step's rollout during this step's update
+            (:mod:`agentrt.async_rollout`); None or off plays each step's episodes in turn.
     """
 
     def __init__(self, policies: list[PolicyConfig], runtime: RuntimeConfig, run_dir: RunDir,
                  seed: int = 0, total_steps: int = 1000, preference_pairs: str = "all",
                  guards: GuardsConfig | None = None, export: ExportConfig | None = None,
-                 drift: DriftConfig | None = None, control: Any | None = None) -> None:
+                 drift: DriftConfig | None = None, control: Any | None = None,
+                 async_rollout: AsyncRolloutConfig | None = None) -> None:
         self.run_dir = run_dir
+        self.prefetch = (AsyncRollout(async_rollout, seed)
+                         if async_rollout is not None and async_rollout.enabled else None)
         self.control = control
         self.export = export
         self.exporters = Exporters(None, run_dir.path)
@@ -196,8 +202,11 @@ class Controller:
         for pid in work:
             by_pool.setdefault(id(self.pool_of(pid)), []).append(pid)
 
+        overlap = self.prefetch is not None and self.prefetch.in_flight  # a rollout thread too
+        sharing = len(by_pool) * (2 if overlap else 1)
+
         def run(pids: list[str]) -> dict[str, Any]:
-            apply_threads(len(by_pool))  # OpenMP's count is per thread (agentrt.threads)
+            apply_threads(sharing)  # OpenMP's count is per thread (agentrt.threads)
             pool = self.pool_of(pids[0])
             return {p: fn(pool, p, work[p]) for p in pids}
 
@@ -292,11 +301,15 @@ class Controller:
         step = self.step + 1
         # Online control: queued commands apply here, at the step boundary, never mid-step.
         events = self.control.step_start(self, step) if self.control is not None else {}
-        if self.tuner is not None:
-            self.tuner.maybe_tune(step)
         with self.timer("rollout"):
-            specs = work.next_episodes(step)
-            played = self.play(work, specs) if specs else RunResult([], [], {})
+            if self.prefetch is not None:  # prefetched during the last update, or played now
+                played, prefetched = self.prefetch.rollout(self, work, step)
+                events |= prefetched
+            else:
+                specs = work.next_episodes(step)
+                played = self.play(work, specs) if specs else RunResult([], [], {})
+        if self.tuner is not None:  # after the rollout: no rollout thread computes beside it
+            self.tuner.maybe_tune(step)
         metrics = work.record(played, step) | events
         if self.drift is not None:  # the learners' samples, before they are trained on
             learners = set(self.learners())
@@ -307,6 +320,8 @@ class Controller:
         if self.control is not None:  # late feedback: the episodes' groups join this step
             data, feedback = self.control.training_data(step, data)
             metrics |= feedback
+        if self.prefetch is not None and step < work.steps and step % work.checkpoint_every:
+            self.prefetch.launch(self, work, step + 1)  # never across a checkpoint (resume)
         with self.timer("train"):
             learned = self.learn(data)
         for pid, m in learned.items():
@@ -398,6 +413,8 @@ class Controller:
         return state
 
     def save(self, work: Workload) -> None:
+        if self.prefetch is not None and self.prefetch.in_flight:
+            raise RuntimeError("a checkpoint with a rollout in flight would skip its prompts")
         if self.drift is not None:
             self.drift.saved(self.step)
         state = self.state_dict(work)
@@ -442,6 +459,8 @@ class Controller:
         return True
 
     def shutdown(self) -> None:
+        if self.prefetch is not None:
+            self.prefetch.close()
         if hasattr(self, "_executor"):
             self._executor.shutdown(wait=True)
         for pool in self.pools:

@@ -31,7 +31,7 @@ from agentrt.config import PolicyConfig, SamplingConfig, SFTConfig
 from agentrt.engine import Completion, HybridEngine
 from agentrt.steps import advantages_from
 from agentrt.types import Trajectory, collate
-from agentrt.weights import model_folder
+from agentrt.weights import ModuleCopy, model_folder
 from agentrt.worker import PolicyWorker, gather_prepared, split_rows
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 READ_ONLY = ("generate", "fill_reference", "preference_eval")
 _GLOBAL_RNG = threading.Lock()  # local pools take turns with torch's global generator
+# Calls that draw no random numbers when the update runs without dropout: a local pool runs them
+# without taking torch's global generator, so a rollout thread can sample meanwhile.
+DRAW_NOTHING = ("prepare", "update")
 
 
 def resolve_model(cfg: PolicyConfig, workdir: str | Path | None, seed: int) -> PolicyConfig:
@@ -63,6 +66,7 @@ class BasePool:
         self.cfg = policies[0]
         self.rae = {p.id: RAEState.for_algorithm(p.algorithm) for p in policies}
         self.versions: dict[str, int] = {p.id: 0 for p in policies}
+        self.lagging = False  # an async rollout generates with older weights (rollout_copy)
         self.tokenizer: Any = None
         self._lock = threading.RLock()  # one call at a time per pool (controller threads)
 
@@ -217,6 +221,9 @@ class BasePool:
         algo = self.policies[name].algorithm
         start = time.perf_counter()
         batch = collate(trajectories, self.pad_id)
+        if self.lagging:  # sampled by older weights: the ratio's old log-probs must be the
+            # sampling (behaviour) policy's, the rollout's, not the learner's current ones
+            batch.stale = any(t.policy_version < self.versions[name] for t in trajectories)
         self._check_split(batch.size, algo.mini_batches, name)
         ref = self._put(batch)
         prepared = self._call_each("prepare", [(ref, rows, name) for rows in
@@ -330,6 +337,7 @@ class LocalPool(BasePool):
                                        workdir=None if workdir is None else str(workdir))
             self._rng = torch.get_rng_state()  # as the worker process's after its start
         self.tokenizer = self.engine.tokenizer
+        self._dropout = any(p.algorithm.train_dropout for p in policies)
 
     @property
     def engine(self) -> HybridEngine:
@@ -337,12 +345,57 @@ class LocalPool(BasePool):
         return next(iter(self.worker.engines.values()))
 
     def _call_each(self, method: str, args: list[tuple]) -> list[Any]:
+        if method in DRAW_NOTHING and not self._dropout:
+            return [getattr(self.worker, method)(*a) for a in args]
         with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):  # the global RNG is left as it was
             torch.set_rng_state(self._rng)
             out = [getattr(self.worker, method)(*a) for a in args]
             self._rng = torch.get_rng_state()
         return out
 
+    def rollout_copy(self, adapter: str | None = None) -> RolloutCopy:
+        """A copy of policy ``adapter`` that generates while this pool trains (async rollout).
+        From then on a batch with samples older than its policy is marked stale, so the PPO
+        ratio takes their rollout (behaviour) log-probs as the old ones."""
+        name = self._trainable(adapter)
+        self.lagging = True
+        return RolloutCopy(self, name, self.worker.module_copy(name))
+
     def shutdown(self) -> None:
         """Stops the worker's rollout engine (vLLM)."""
         self.worker.close()
+
+
+class RolloutCopy:
+    """A policy's weights at one version, generating in another thread while its pool trains
+    (``train.async_rollout``, :mod:`agentrt.async_rollout`).
+
+    Its own module (:class:`~agentrt.weights.ModuleCopy`) and its own torch random stream,
+    seeded per step (:meth:`reseed`): generation holds torch's global generator for its calls,
+    and the pool's update takes none (``DRAW_NOTHING``), so the two overlap and what either
+    computes does not depend on how their threads interleave.
+    """
+
+    def __init__(self, pool: LocalPool, name: str, module: ModuleCopy) -> None:
+        self.pool, self.name, self.module = pool, name, module
+        self.version = -1  # no weights yet: sync() first
+        self._rng = torch.get_rng_state()
+
+    def sync(self) -> None:
+        """Takes the policy's current weights and version (between steps, not during one)."""
+        with self.pool._lock:
+            self.module.sync()
+            self.version = self.pool.version_of(self.name)
+
+    def reseed(self, seed: int) -> None:
+        """Starts the copy's random stream at ``seed`` (a function of the run seed and step)."""
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self._rng = torch.get_rng_state()
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Completion]:
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self._rng)
+            out = self.module.generate(prompts, sampling)
+            self._rng = torch.get_rng_state()
+        return out

@@ -291,7 +291,8 @@ class Trainer:
                                      total_steps=cfg.train.steps,
                                      preference_pairs=cfg.data.pairs, guards=cfg.guards,
                                      export=cfg.export, drift=cfg.drift,
-                                     control=self._control(cfg))
+                                     control=self._control(cfg),
+                                     async_rollout=cfg.train.async_rollout)
 
     def _control(self, cfg: TrainConfig) -> Any:
         """Online control; also without channels, a resume keeps its checkpointed values."""

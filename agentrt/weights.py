@@ -20,6 +20,7 @@ Frozen snapshots (league opponents, the KL reference after a warm start):
 from __future__ import annotations
 
 import contextlib
+import copy
 import tempfile
 import time
 from pathlib import Path
@@ -244,3 +245,36 @@ class SharedModel:
         if self.vllm is not None:
             self.vllm.close()
             self.vllm = None
+
+
+class ModuleCopy:
+    """A second module holding one policy's weights, for a rollout that runs while the live module
+    trains (``train.async_rollout``): the live module's weights change under an optimizer step,
+    and peft's active adapter and the snapshot swap (:func:`swapped_weights`) are per module, so
+    an overlapping rollout needs a module of its own. Costs one more model (LoRA: the base too).
+
+    Args:
+        shared: The model that hosts the policy.
+        name: The policy it copies (its adapter is the copy's active one).
+    """
+
+    def __init__(self, shared: SharedModel, name: str) -> None:
+        self.shared, self.name = shared, name
+        with shared.using(name) as model:
+            self.module = copy.deepcopy(model).requires_grad_(False).eval()
+        cfg = shared.adapters[name]
+        self.hf = HFRollout(self.module, shared.tokenizer, cfg.rollout.sampling,
+                            cfg.rollout.batch_size, shared.autocast_dtype)
+
+    def sync(self) -> None:
+        """Copies the policy's current weights in place (the adapter alone for LoRA)."""
+        if self.shared.is_lora:
+            from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.module, get_peft_model_state_dict(
+                self.shared.model, adapter_name=self.name), adapter_name=self.name)
+        else:
+            self.module.load_state_dict(self.shared.model.state_dict())
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Completion]:
+        return self.hf.generate(prompts, sampling)

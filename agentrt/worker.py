@@ -30,7 +30,7 @@ from agentrt.engine import Completion, HybridEngine
 from agentrt.steps import is_share_metric
 from agentrt.optim import make_scheduler
 from agentrt.types import TrainBatch
-from agentrt.weights import SharedModel
+from agentrt.weights import ModuleCopy, SharedModel
 
 
 def split_rows(n: int, parts: int) -> list[slice]:
@@ -195,6 +195,10 @@ class PolicyWorker:
             return self.shared.generate(prompts, sampling or source.cfg.rollout.sampling,
                                         adapter)
         return self._engine(adapter).generate(prompts, sampling)
+
+    def module_copy(self, name: str) -> ModuleCopy:
+        """A second module with policy ``name``'s weights (an async rollout generates on it)."""
+        return ModuleCopy(self.shared, self._engine(name).policy_id)
 
     def reconfigure(self, cfg: PolicyConfig) -> None:
         """A live change of policy ``cfg.id``'s sampling or learning rate (agentrt.control)."""

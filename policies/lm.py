@@ -16,6 +16,7 @@ prompt, so they never carry loss; ``record_ids`` go to ``Turn.memory_ids``.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -90,6 +91,12 @@ class LMPolicy:
     @property
     def version(self) -> int:
         return int(self.engine.version)
+
+    def on(self, engine: Any) -> LMPolicy:
+        """This policy acting through another engine (an async rollout's copy of the weights)."""
+        other = copy.copy(self)
+        other.engine = engine
+        return other
 
     def set_memory(self, memory: MemoryHook | None) -> None:
         """Attaches (or with None, removes) the memory hook that adds context to prompts."""

@@ -1,0 +1,129 @@
+"""Async rollout (train.async_rollout): staleness bound, behaviour log-probs in the PPO ratio,
+exact resume, off by default."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentrt.config import PolicyConfig, TrainConfig, validate_config
+from agentrt.episodes import EpisodeLog
+from agentrt.errors import ConfigError
+from agentrt.pool import LocalPool
+from agentrt.rewards import reward
+from agentrt.trainer import Trainer
+from agentrt.types import Trajectory, Turn, collate
+
+
+@reward("async_test_digits")
+def digits(prompt: str, response: str, info: dict) -> float:
+    """Dense signal, so every update moves the weights."""
+    return sum(c.isdigit() for c in response) / max(1, len(response))
+
+
+@pytest.fixture(scope="module")
+def nano_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from agentrt.policies import build_model
+
+    return build_model(tmp_path_factory.mktemp("models") / "nano", "llama-nano", seed=0)
+
+
+def config(run_dir: Path, model: Path, enabled: bool = True, steps: int = 5) -> TrainConfig:
+    return validate_config({
+        "seed": 0, "run_dir": str(run_dir), "progress": False, "threads": 1,
+        "task": {"name": "arithmetic", "train_size": 200, "eval_size": 8},
+        "reward": "async_test_digits",
+        "policy": {"model": {"path": str(model)}, "optim": {"lr": 3e-3},
+                   "rollout": {"sampling": {"max_new_tokens": 4}}},
+        "train": {"steps": steps, "prompts_per_step": 4, "group_size": 4,
+                  "async_rollout": {"enabled": enabled, "max_staleness": 1}},
+        "eval": {"every": 100}, "checkpoint": {"every": 3}})
+
+
+def metrics(run_dir: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text()
+                                      .splitlines())}
+
+
+def episodes(run_dir: Path, step: int) -> list[tuple]:
+    return [(e.policy_version, e.prompt_ids, e.response_ids, e.logprobs)
+            for e in EpisodeLog(run_dir).rows(step)]
+
+
+def test_async_bounded_staleness_and_exact_resume(tmp_path, nano_dir):
+    Trainer(config(tmp_path / "a", nano_dir)).run()
+    rows = metrics(tmp_path / "a")
+    # Step t trains at version t-1. Step 1 and the step after the checkpoint of step 3 are
+    # played by the live weights; the others were generated during the previous update.
+    behind = {1: 0, 2: 1, 3: 1, 4: 0, 5: 1}
+    for step, lag in behind.items():
+        versions = {v for v, *_ in episodes(tmp_path / "a", step)}
+        assert versions == {step - 1 - lag}, (step, versions)
+        assert rows[step]["rollout/staleness"] == lag <= 1
+        assert rows[step]["async/dropped_stale"] == 0.0
+        assert (rows[step]["async/overlap_s"] > 0) == (lag == 1)
+
+    # Killed with step 5's rollout in flight (after step 4, checkpoint at 3), then resumed:
+    # the same prompts, samples and updates as the run that went through.
+    Trainer(config(tmp_path / "b", nano_dir)).run(stop_after=4)
+    Trainer(config(tmp_path / "b", nano_dir)).run()
+    resumed = metrics(tmp_path / "b")
+    for step in behind:
+        assert episodes(tmp_path / "b", step) == episodes(tmp_path / "a", step), step
+        for key in ("reward/mean", "actor/pg_loss", "actor/ppo_kl", "rollout/staleness"):
+            assert resumed[step][key] == rows[step][key], (step, key)
+
+
+def test_stale_samples_use_their_behaviour_logprobs(nano_dir):
+    pool = LocalPool(PolicyConfig(model={"path": str(nano_dir)}, optim={"lr": 3e-3},
+                                  rollout={"sampling": {"max_new_tokens": 4}}))
+    copy = pool.rollout_copy()
+    prompts = [[pool.tokenizer.bos_token_id] + pool.tokenizer.encode(f"{i}+{i}=")
+               for i in range(8)]
+
+    def trajectories(completions: list, version: int) -> list[Trajectory]:
+        return [Trajectory([Turn(p, c.response_ids, c.logprobs, reward=float(i % 2),
+                                 policy_version=version)], group_id="g")
+                for i, (p, c) in enumerate(zip(prompts, completions))]
+
+    copy.sync()
+    copy.reseed(0)
+    old = trajectories(copy.generate(prompts, pool.cfg.rollout.sampling), copy.version)
+    pool.train(trajectories(pool.generate(prompts), pool.version))  # version 0 -> 1
+    assert [t.policy_version for t in old] == [0] * 8 and pool.version == 1
+    batch = collate(old, pool.pad_id)
+    now = pool.engine.logprobs(batch)  # the learner's log-probs at version 1
+    mask = batch.loss_mask
+    expected = float(((batch.old_logprobs - now) * mask).sum() / mask.sum())
+    assert abs(expected) > 1e-4  # the update moved the policy: the lag is visible
+    kl = pool.train(old)["actor/ppo_kl"]  # the ratio's first step: mean -log(pi_1 / pi_0)
+    assert kl == pytest.approx(expected, abs=1e-5)
+    # The same samples as if the current weights had drawn them: the ratio starts at 1.
+    fresh = [Trajectory([Turn(t.turns[0].prompt_ids, t.turns[0].response_ids,
+                              t.turns[0].logprobs, reward=t.turns[0].reward,
+                              policy_version=pool.version)], group_id="g") for t in old]
+    assert pool.train(fresh)["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_off_by_default(tmp_path, nano_dir):
+    assert TrainConfig().train.async_rollout.enabled is False
+    trainer = Trainer(config(tmp_path / "s", nano_dir, enabled=False, steps=2))
+    assert trainer.controller.prefetch is None
+    trainer.run()
+    for step, row in metrics(tmp_path / "s").items():
+        assert not [k for k in row if k.startswith("async/") or k == "rollout/staleness"]
+        assert {v for v, *_ in episodes(tmp_path / "s", step)} <= {step - 1}
+
+
+@pytest.mark.parametrize("override, field", [
+    ({"runtime": {"backend": "ray"}}, "runtime.backend: local"),
+    ({"policy": {"algorithm": {"name": "grpo", "train_dropout": True}}}, "train_dropout"),
+    ({"policy": {"algorithm": {"name": "grpo", "old_logprobs": "recompute"}}}, "old_logprobs"),
+    ({"train": {"async_rollout": {"enabled": True, "max_staleness": 0}}}, "max_staleness"),
+])
+def test_bad_async_config(override, field):
+    data = {"train": {"async_rollout": {"enabled": True}}, **override}
+    with pytest.raises(ConfigError, match=field):
+        validate_config(data)
