@@ -102,6 +102,10 @@ class RolloutConfig(Section):
         "hf", description="Rollout engine; 'hf' uses model.generate, 'vllm' a vLLM engine.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     batch_size: int = Field(256, gt=0, description="Prompts per generate call.")
+    decode: Literal["auto", "hf", "static"] = Field(
+        "auto", description="HF backend's decode loop: 'static' (pre-allocated KV cache, "
+        "sampling on tensors, finished rows dropped; Llama-type models), 'hf' (model.generate), "
+        "'auto' (static where the model allows it, else hf). docs/rollout.md.")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 

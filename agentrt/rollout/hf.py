@@ -1,7 +1,11 @@
-"""Hugging Face ``generate`` rollout over any causal LM module (the always-available backend).
+"""Rollout over any causal LM module (the always-available backend).
 
 The hybrid engine serves its trainable module through this class, so rollout sees every update
 with no copy; frozen snapshots (league opponents) wrap their own frozen module the same way.
+Llama-type models decode with :class:`~agentrt.rollout.static.StaticDecoder` (a pre-allocated KV
+cache, sampling and log-probs on tensors, finished rows dropped); other models, or
+``decode="hf"``, use ``model.generate``. Both give the same tokens and log-probs (see
+docs/rollout.md).
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ import torch
 from torch import nn
 
 from agentrt.config import SamplingConfig
+from agentrt.rollout.static import StaticDecoder, unsupported_reason
+
+DECODE_MODES = ("auto", "hf", "static")
 
 
 @dataclass
@@ -46,10 +53,15 @@ class HFRollout:
         sampling: Default sampling config.
         batch_size: Prompts per ``generate`` call.
         autocast_dtype: ``torch.bfloat16`` for bf16 autocast, None for fp32.
+        decode: ``"static"`` (the static decoder; the model must be Llama-type), ``"hf"``
+            (``model.generate``) or ``"auto"`` (static where the model allows it, else hf).
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, sampling: SamplingConfig,
-                 batch_size: int = 256, autocast_dtype: torch.dtype | None = None) -> None:
+                 batch_size: int = 256, autocast_dtype: torch.dtype | None = None,
+                 decode: str = "auto") -> None:
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, not {decode!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.sampling = sampling
@@ -57,6 +69,12 @@ class HFRollout:
         self.autocast_dtype = autocast_dtype
         self.pad_id = int(tokenizer.pad_token_id)
         self.eos_id = int(tokenizer.eos_token_id)
+        reason = unsupported_reason(model) if decode != "hf" else None
+        if decode == "static" and reason is not None:
+            raise ValueError(f"rollout.decode is 'static' but {reason}; set rollout.decode: hf "
+                             "or auto")
+        self.decoder = (StaticDecoder(model, self.pad_id, self.eos_id, autocast_dtype)
+                        if decode != "hf" and reason is None else None)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None,
@@ -86,6 +104,9 @@ class HFRollout:
         for i, p in enumerate(prompts):  # left padding: generation continues at the right edge
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
+        if self.decoder is not None:
+            new, logps = self.decoder.generate(ids, mask, s, streamer)
+            return [self._trim(new[i].tolist(), logps[i].tolist()) for i in range(len(prompts))]
         greedy = s.temperature == 0.0
         gen_kwargs: dict[str, Any] = dict(
             max_new_tokens=s.max_new_tokens, do_sample=not greedy, pad_token_id=self.pad_id,

@@ -1,0 +1,246 @@
+"""A decode loop for Llama-type models with a pre-allocated KV cache and sampling on tensors.
+
+``model.generate`` pays per token for what a rollout does not need: a growing cache that copies
+itself every step (``torch.cat``), logits processors and stopping criteria run as Python objects,
+every step's full logits kept for the log-probs at the end (B x T x V), and finished rows computed
+to the last step. This loop prefills once, then runs one forward of the new tokens per step
+against a cache allocated once (prompt width + ``max_new_tokens``), samples on tensors, computes
+each token's log-prob from the same logits at once, and drops finished rows from the batch.
+
+It calls the model's own submodules (embedding, norms, projections, MLP, rotary embedding), so
+peft LoRA layers, peft's ``disable_adapter`` and weights swapped in by pointer (frozen snapshots)
+all apply as in ``generate``; only attention and the cache are its own. Models it does not know
+(:func:`unsupported_reason`) fall back to ``generate``.
+
+Semantics are ``generate``'s: left padding, position ids counted over the attention mask, greedy
+at temperature 0, else temperature, top-k and top-p applied like transformers' warpers, rows that
+emitted eos emit pad afterwards, streamer ``put`` gets the prompt ids, then one id per row per step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agentrt.config import SamplingConfig
+
+COMPACT_FRACTION = 0.25  # drop finished rows once this share of the active batch has finished
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The causal LM under a peft wrapper (its linears carry the LoRA layers), else ``model``."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why the static decoder cannot run ``model`` (None when it can)."""
+    base = base_model(model)
+    cfg = getattr(base, "config", None)
+    if getattr(cfg, "model_type", None) != "llama":
+        return f"model type {getattr(cfg, 'model_type', type(base).__name__)!r} is not 'llama'"
+    if getattr(cfg, "pretraining_tp", 1) != 1:
+        return "pretraining_tp > 1"
+    inner = getattr(base, "model", None)
+    if not all(hasattr(inner, n) for n in ("embed_tokens", "layers", "norm", "rotary_emb")) or \
+            not all(hasattr(layer.mlp, n) for layer in inner.layers
+                    for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        return "the model does not have Llama's module layout"
+    return None
+
+
+def top_k_top_p(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """transformers' TopKLogitsWarper then TopPLogitsWarper (min_tokens_to_keep 1). [b,V]->[b,V]."""
+    if top_k > 0:
+        kth = torch.topk(scores, min(top_k, scores.size(-1)))[0][..., -1, None]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove = cumulative <= (1 - top_p)
+        remove[..., -1:] = False
+        scores = scores.masked_fill(remove.scatter(1, order, remove), float("-inf"))
+    return scores
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class StaticDecoder:
+    """Batched generation with per-token log-probs for one Llama-type module.
+
+    Args:
+        model: A Llama causal LM, plain or peft-wrapped (checked by :func:`unsupported_reason`).
+        pad_id: Emitted by rows after they finished.
+        eos_id: Ends a row.
+        autocast_dtype: ``torch.bfloat16`` for bf16 autocast (the KV cache is kept in it too:
+            autocast computes attention in it anyway), None for the model's dtype.
+    """
+
+    def __init__(self, model: nn.Module, pad_id: int, eos_id: int,
+                 autocast_dtype: torch.dtype | None = None) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"the static decoder cannot run this model: {reason}")
+        self.model = model
+        self.pad_id, self.eos_id = pad_id, eos_id
+        self.autocast_dtype = autocast_dtype
+        cfg = base_model(model).config
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+
+    @torch.inference_mode()
+    def generate(self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingConfig,
+                 streamer: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Generates from a left-padded batch.
+
+        Args:
+            ids: Prompt ids [B, W], left-padded.
+            mask: Attention mask [B, W] (1 on prompt tokens).
+            sampling: Temperature (0: greedy), top_k, top_p, max_new_tokens.
+            streamer: transformers' streamer protocol, or None.
+
+        Returns:
+            (tokens [B, T], log-probs [B, T] float32): T <= max_new_tokens; after a row's eos its
+            tokens are pad and its log-probs 0. Log-probs are under the temperature-scaled
+            distribution (before top-k/top-p), like the HF path's.
+        """
+        base = base_model(self.model)
+        inner = base.model
+        device = inner.embed_tokens.weight.device
+        ids, mask = ids.to(device), mask.to(device)
+        batch, width = ids.shape
+        steps = sampling.max_new_tokens
+        if streamer is not None:
+            streamer.put(ids.cpu())
+        autocast = torch.autocast(device.type, dtype=self.autocast_dtype,
+                                  enabled=self.autocast_dtype is not None)
+        kv_dtype = self.autocast_dtype or inner.embed_tokens.weight.dtype
+        plan = self._plan(kv_dtype)
+        caches = [
+            (torch.empty(batch, self.n_kv, width + steps, self.head_dim, dtype=kv_dtype,
+                         device=device),
+             torch.empty(batch, self.n_kv, width + steps, self.head_dim, dtype=kv_dtype,
+                         device=device)) for _ in inner.layers]
+        valid = torch.ones(batch, width + steps, dtype=torch.bool, device=device)
+        valid[:, :width] = mask.bool()
+        pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        # Prefill: causal over valid keys; a pad query also sees itself, so no row of the mask is
+        # empty (an empty row is NaN in SDPA, and NaN in a masked value still poisons the matmul).
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        attend = (causal & valid[:, None, :width]) | torch.eye(width, dtype=torch.bool,
+                                                                 device=device)
+        out = torch.full((batch, steps), self.pad_id, dtype=torch.long, device=device)
+        logps = torch.zeros(batch, steps, dtype=torch.float32, device=device)
+        rows = torch.arange(batch, device=device)  # full-batch index of each active row
+        with autocast:
+            logits = self._forward(plan, caches, ids, pos, 0, attend[:, None])
+        pos = pos[:, -1:]
+        alive = torch.ones(batch, dtype=torch.bool, device=device)
+        for t in range(steps):
+            token, logp = self._sample(logits, sampling)
+            token = token.masked_fill(~alive, self.pad_id)  # finished rows emit pad
+            out[rows, t] = token
+            logps[rows, t] = logp.masked_fill(~alive, 0.0)
+            alive &= token != self.eos_id
+            if streamer is not None:
+                streamer.put(out[:, t].cpu())
+            n_alive = int(alive.sum())
+            if n_alive == 0 or t == steps - 1:
+                if streamer is not None:
+                    streamer.end()
+                return out[:, :t + 1], logps[:, :t + 1]
+            if len(rows) - n_alive >= max(1, int(COMPACT_FRACTION * len(rows))):
+                rows, token, pos, valid = rows[alive], token[alive], pos[alive], valid[alive]
+                caches = [(k[alive], v[alive]) for k, v in caches]
+                alive = alive[alive]
+            pos = pos + 1
+            with autocast:
+                logits = self._forward(plan, caches, token[:, None], pos, width + t,
+                                       valid[:, None, None, :width + t + 1])
+        raise AssertionError("unreachable: the last step returns")
+
+    def _sample(self, logits: torch.Tensor, s: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next token and its log-prob under the temperature-scaled distribution. [b,V]->[b],[b]."""
+        logits = logits.float()
+        if s.temperature == 0.0:
+            token = logits.argmax(dim=-1)
+            scaled = logits
+        else:
+            scaled = logits / s.temperature
+            probs = top_k_top_p(scaled, s.top_k, s.top_p).softmax(dim=-1)
+            token = torch.multinomial(probs, 1).squeeze(1)
+        logp = scaled.gather(-1, token[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
+        return token, logp
+
+    def _forward(self, plan: Plan, caches: list[tuple[torch.Tensor, torch.Tensor]], tokens: torch.Tensor, pos: torch.Tensor, start: int,
+                 attend: torch.Tensor) -> torch.Tensor:
+        """Logits of the last position [b, V]; writes the new keys/values at ``start``.
+
+        ``tokens``/``pos`` [b, s]; ``attend`` [b, 1, s, start + s] (True: may attend)."""
+        inner = base_model(self.model).model
+        b, s = tokens.shape
+        h = inner.embed_tokens(tokens)
+        cos, sin = inner.rotary_emb(h, pos)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        groups = self.n_heads // self.n_kv
+        layers, head = plan
+        for layer, (qkv, o_proj, gate_up, down), (k_cache, v_cache) in zip(
+                inner.layers, layers, caches):
+            q, k, v = qkv(layer.input_layernorm(h))
+            q = q.view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+            k = k.view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
+            v = v.view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            k_cache[:, :, start:start + s] = k
+            v_cache[:, :, start:start + s] = v
+            o = F.scaled_dot_product_attention(
+                q, k_cache[:, :, :start + s], v_cache[:, :, :start + s], attn_mask=attend,
+                scale=layer.self_attn.scaling, enable_gqa=groups > 1)
+            h = h + o_proj(o.transpose(1, 2).reshape(b, s, -1))[0]
+            gate, up = gate_up(layer.post_attention_layernorm(h))
+            h = h + down(layer.mlp.act_fn(gate) * up)[0]
+        return head(inner.norm(h[:, -1]))[0]
+
+    def _plan(self, dtype: torch.dtype) -> Plan:
+        """Per layer the q/k/v, o, gate/up and down projections as this call computes them, and
+        the LM head."""
+        base = base_model(self.model)
+        return [(Projection([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj], dtype),
+                 Projection([l.self_attn.o_proj], dtype),
+                 Projection([l.mlp.gate_proj, l.mlp.up_proj], dtype),
+                 Projection([l.mlp.down_proj], dtype)) for l in base.model.layers
+                ], Projection([base.lm_head], dtype)
+
+
+class Projection:
+    """``x -> [m(x) for m in modules]``; one matmul over concatenated weights when every module is
+    a plain ``nn.Linear`` (peft's LoRA layers are called as they are).
+
+    The weights are read (and, under autocast, cast to its dtype) once, when the projection is
+    built at the start of a generate call, instead of at every step: autocast casts an fp32
+    weight again on every call of the module. The math is autocast's: bf16 inputs and weights."""
+
+    def __init__(self, modules: list[nn.Module], dtype: torch.dtype) -> None:
+        self.modules = modules
+        self.weight: torch.Tensor | None = None
+        if all(type(m) is nn.Linear for m in modules) and len(
+                {m.bias is None for m in modules}) == 1:
+            self.weight = torch.cat([m.weight for m in modules]).to(dtype)
+            self.bias = (None if modules[0].bias is None
+                         else torch.cat([m.bias for m in modules]).to(dtype))
+            self.sizes = [m.out_features for m in modules]
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if self.weight is None:
+            return [m(x) for m in self.modules]
+        return list(F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))
+
+
+Plan = tuple[list[tuple[Projection, Projection, Projection, Projection]], Projection]

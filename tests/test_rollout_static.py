@@ -1,0 +1,212 @@
+"""The static decode loop gives what ``model.generate`` gives: the same greedy tokens, log-probs
+that a full forward pass recomputes, the same sampling distribution, the streamer protocol, and
+it runs LoRA (peft) models and frozen snapshots swapped in by pointer."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from scipy.stats import chi2
+
+from agentrt.config import RolloutConfig, SamplingConfig
+from agentrt.policies import build_model, load_model
+from agentrt.rollout.hf import HFRollout
+from agentrt.rollout.static import StaticDecoder
+from agentrt.weights import swapped_weights
+
+GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    model, tokenizer = load_model(tiny_model_dir)
+    return model.eval(), tokenizer
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """Prompts of 1-12 tokens (left padding differs per row); every fourth repeats the first,
+    so those rows finish together when their common token is the eos."""
+    rng = random.Random(seed)
+    out = [[1] + [rng.randrange(3, 259) for _ in range(rng.randrange(0, 12))] for _ in range(n)]
+    return [out[0] if i % 4 == 0 else p for i, p in enumerate(out)]
+
+
+def _pair(model, tokenizer, eos: int | None = None, **kw) -> tuple[HFRollout, HFRollout]:
+    """(HF generate, static decoder) over the same module; ``eos`` overrides the tokenizer's."""
+    hf = HFRollout(model, tokenizer, GREEDY, decode="hf", **kw)
+    static = HFRollout(model, tokenizer, GREEDY, decode="static", **kw)
+    assert hf.decoder is None and isinstance(static.decoder, StaticDecoder)
+    if eos is not None:
+        hf.eos_id = static.eos_id = eos
+        static.decoder = StaticDecoder(model, static.pad_id, eos, kw.get("autocast_dtype"))
+    return hf, static
+
+
+def _same(a, b, atol: float) -> None:
+    assert [c.response_ids for c in a] == [c.response_ids for c in b]
+    assert [c.finished for c in a] == [c.finished for c in b]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs),
+                                   atol=atol, rtol=0)
+
+
+def test_greedy_tokens_and_eos_equal_generate(tiny):
+    model, tokenizer = tiny
+    prompts = _prompts(16)
+    hf, static = _pair(model, tokenizer)
+    _same(hf.generate(prompts), static.generate(prompts), atol=1e-5)
+    # An eos that the repeated prompt (4 of 16 rows) emits at its third step: those rows stop
+    # there and leave the batch (compaction), the others run on; both paths trim alike.
+    eos = hf.generate(prompts[:1])[0].response_ids[2]
+    hf, static = _pair(model, tokenizer, eos=eos)
+    a, b = hf.generate(prompts), static.generate(prompts)
+    _same(a, b, atol=1e-5)
+    assert sum(c.finished for c in b) >= 4 and all(
+        c.response_ids[-1] == eos for c in b if c.finished)
+
+
+def test_bf16_greedy_equals_generate_under_autocast(tiny):
+    model, tokenizer = tiny
+    prompts = _prompts(8, seed=1)
+    hf, static = _pair(model, tokenizer, autocast_dtype=torch.bfloat16)
+    _same(hf.generate(prompts), static.generate(prompts), atol=1e-2)
+
+
+def _recomputed(model, prompt: list[int], response: list[int], temperature: float,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+    ids = torch.tensor([prompt + response])
+    with torch.inference_mode(), torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float() / temperature
+    return logits.log_softmax(-1).gather(-1, torch.tensor(response)[:, None]).squeeze(1)
+
+
+@pytest.mark.parametrize("dtype,atol", [(None, 1e-4), (torch.bfloat16, 0.05)])
+def test_sampled_logprobs_equal_a_full_forward(tiny, dtype, atol):
+    model, tokenizer = tiny
+    prompts = _prompts(16, seed=2)
+    sampling = SamplingConfig(temperature=0.7, top_k=40, top_p=0.9, max_new_tokens=10)
+    rollout = HFRollout(model, tokenizer, sampling, decode="static", autocast_dtype=dtype)
+    torch.manual_seed(0)
+    eos = rollout.generate(prompts)[0].response_ids[2]
+    # Again with the third token of row 0 as eos: the same draws up to there, so that row (and
+    # the rows sampling it too) stops early, and the others run on after it left the batch.
+    rollout.eos_id = eos
+    rollout.decoder = StaticDecoder(model, rollout.pad_id, eos, dtype)
+    torch.manual_seed(0)
+    out = rollout.generate(prompts)
+    assert out[0].finished and len(out[0].response_ids) <= 3
+    assert any(len(c.response_ids) == sampling.max_new_tokens for c in out)
+    for p, c in zip(prompts, out):
+        torch.testing.assert_close(torch.tensor(c.logprobs),
+                                   _recomputed(model, p, c.response_ids, 0.7, dtype),
+                                   atol=atol, rtol=0)
+
+
+def test_sampling_distribution_matches_transformers_warpers(tmp_path):
+    """4,000 first tokens from one prompt against the distribution transformers' own
+    temperature/top-k/top-p warpers give (chi-square, p > 0.001), and none outside its support."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    model, tokenizer = load_model(build_model(tmp_path / "nano", "llama-nano", seed=1))
+    model.eval()
+    with torch.no_grad():  # a peaked distribution (top-p then keeps 24 of top-k's 30 tokens)
+        model.lm_head.weight.mul_(3.0)
+    prompt, n = [1, 17, 42], 4000
+    sampling = SamplingConfig(temperature=0.8, top_k=30, top_p=0.9, max_new_tokens=1)
+    with torch.inference_mode():
+        scores = model(input_ids=torch.tensor([prompt])).logits[:, -1].float()
+    for warper in (TemperatureLogitsWarper(0.8), TopKLogitsWarper(30), TopPLogitsWarper(0.9)):
+        scores = warper(None, scores)
+    expected = scores.softmax(-1)[0]
+    support = expected > 0
+    assert 3 <= int(support.sum()) < 30
+    torch.manual_seed(0)
+    out = HFRollout(model, tokenizer, sampling, batch_size=n, decode="static").generate(
+        [prompt] * n)
+    counts = torch.bincount(torch.tensor([c.response_ids[0] for c in out]),
+                            minlength=len(expected)).double()
+    assert counts[~support].sum() == 0
+    # chi-square over the support, tokens expected fewer than 5 times pooled into one bin
+    big, small = support & (n * expected >= 5), support & (n * expected < 5)
+    observed = torch.cat([counts[big], counts[small].sum()[None]])
+    wanted = n * torch.cat([expected[big], expected[small].sum()[None]]).double()
+    observed, wanted = observed[wanted > 0], wanted[wanted > 0]
+    stat = float(((observed - wanted) ** 2 / wanted).sum())
+    assert stat < chi2.ppf(0.999, len(observed) - 1)
+
+
+def test_lora_adapters_and_frozen_snapshots(tiny_model_dir):
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = load_model(tiny_model_dir)
+    torch.manual_seed(0)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj",
+                                                                            "down_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # an adapter that changes the output
+    model.eval()
+    prompts = _prompts(8, seed=3)
+    hf, static = _pair(model, tokenizer)
+    lora = static.generate(prompts)
+    _same(hf.generate(prompts), lora, atol=1e-5)
+    with model.disable_adapter():
+        base = static.generate(prompts)
+        _same(hf.generate(prompts), base, atol=1e-5)
+    assert [c.response_ids for c in base] != [c.response_ids for c in lora]
+    # A full-weight snapshot swapped in by pointer (how league opponents generate)
+    plain, _ = load_model(tiny_model_dir)
+    plain.eval()
+    snapshot = {k: v + 0.05 * torch.randn_like(v) for k, v in plain.state_dict().items()
+                if k.endswith("proj.weight")}
+    hf, static = _pair(plain, tokenizer)
+    with swapped_weights(plain, snapshot):
+        swapped = static.generate(prompts)
+        _same(hf.generate(prompts), swapped, atol=1e-5)
+    assert [c.response_ids for c in static.generate(prompts)] != [
+        c.response_ids for c in swapped]
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.puts: list[list] = []
+        self.ended = False
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts.append(value.tolist())
+
+    def end(self) -> None:
+        self.ended = True
+
+
+def test_streamer_sees_what_generate_streams(tiny):
+    model, tokenizer = tiny
+    prompts = _prompts(8, seed=4)
+    eos = HFRollout(model, tokenizer, GREEDY, decode="hf").generate(prompts[:1])[0].response_ids[1]
+    streams = []
+    for rollout in _pair(model, tokenizer, eos=eos):
+        recorder = _Recorder()
+        rollout.generate(prompts, streamer=recorder)
+        assert recorder.ended
+        streams.append(recorder.puts)
+    assert streams[0] == streams[1]
+    assert len(streams[0]) == 1 + GREEDY.max_new_tokens  # prompt ids, then one put per step
+
+
+def test_decode_mode_is_validated_and_falls_back(tmp_path):
+    from pydantic import ValidationError
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with pytest.raises(ValidationError, match="decode"):
+        RolloutConfig(decode="compiled")
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=259, n_embd=32, n_layer=1, n_head=2,
+                                      n_positions=64)).eval()
+    _, tokenizer = load_model(build_model(tmp_path / "nano", "llama-nano"))
+    with pytest.raises(ValueError, match="rollout.decode is 'static' but model type 'gpt2'"):
+        HFRollout(gpt2, tokenizer, GREEDY, decode="static")
+    auto = HFRollout(gpt2, tokenizer, GREEDY)
+    assert auto.decoder is None
+    assert len(auto.generate([[1, 5, 6]])[0].response_ids) == GREEDY.max_new_tokens
