@@ -10,8 +10,9 @@ A part of the controller loop, not a second loop. With it on, step t of
                                           # current weights (version v), starts playing them
     learn(data)                           # the update (v -> v+1) runs meanwhile
 
-The copy (:class:`~agentrt.pool.RolloutCopy`) is a second module, synced in place before each
-launch, so with one update per step every prefetched sample is one version behind when trained.
+The copy (:class:`~agentrt.pool.RolloutCopy`) is a second module in shared memory, synced in
+place before each launch and generating in a process of its own (the runner's thread here waits
+for it), so with one update per step every prefetched sample is one version behind when trained.
 Each sample keeps the version that generated it (``Turn.policy_version``); the pool marks a batch
 with older samples stale and the PPO ratio then uses their rollout (behaviour) log-probs. A step
 whose samples are more than ``max_staleness`` versions behind (or ahead: weights reloaded) is
@@ -124,16 +125,18 @@ class AsyncRollout:
         return played, metrics | {"rollout/staleness": 0.0}
 
     def close(self) -> None:
-        """Waits for a rollout in flight (a run stopped after its step) and ends the thread."""
+        """Waits for a rollout in flight (a run stopped after its step), ends the thread and
+        the copies' processes."""
         self._thread.shutdown(wait=True)
         self._flight = None
+        for copy in self.copies.values():
+            copy.close()
 
 
 def _play(runner: EpisodeRunner, specs: list[EpisodeSpec], on_end: Any
           ) -> tuple[RunResult, float]:
-    """The rollout thread's work: its torch thread count is half the run's (the update runs
-    beside it; OpenMP keeps the count per OS thread, agentrt.threads)."""
-    apply_threads(2)
+    """The rollout thread's work: the envs and the runner here, the generation in the copies'
+    processes (this thread waits for them without the GIL)."""
     start = time.perf_counter()
     played = runner.run(specs, on_episode_end=on_end) if specs else RunResult([], [], {})
     return played, time.perf_counter() - start

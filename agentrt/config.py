@@ -470,12 +470,12 @@ class TrainConfig(Section):
             why = (f"it corrects the lag with the PPO importance ratio, which algorithm "
                    f"{p.algorithm.name} does not have")
         elif self.runtime.backend != "local":
-            why = "it runs the rollout in a thread of this process: set runtime.backend: local"
+            why = ("its rollout process shares the weights' memory with this one: set "
+                   "runtime.backend: local")
         elif p.rollout.backend != "hf":
             why = "it generates on a copy of the module: set policy.rollout.backend: hf"
-        elif p.algorithm.train_dropout:
-            why = ("dropout in the update draws from torch's generator, which the rollout thread "
-                   "samples from: set policy.algorithm.train_dropout: false")
+        elif p.model.device == "cuda":
+            why = "it is built and tested on CPU only: set policy.model.device: cpu"
         elif p.algorithm.old_logprobs == "recompute":
             why = ("the PPO ratio of a stale sample needs its rollout (behaviour) log-probs: set "
                    "policy.algorithm.old_logprobs: auto")

@@ -39,9 +39,6 @@ log = logging.getLogger(__name__)
 
 READ_ONLY = ("generate", "fill_reference", "preference_eval")
 _GLOBAL_RNG = threading.Lock()  # local pools take turns with torch's global generator
-# Calls that draw no random numbers when the update runs without dropout: a local pool runs them
-# without taking torch's global generator, so a rollout thread can sample meanwhile.
-DRAW_NOTHING = ("prepare", "update")
 
 
 def resolve_model(cfg: PolicyConfig, workdir: str | Path | None, seed: int) -> PolicyConfig:
@@ -337,7 +334,6 @@ class LocalPool(BasePool):
                                        workdir=None if workdir is None else str(workdir))
             self._rng = torch.get_rng_state()  # as the worker process's after its start
         self.tokenizer = self.engine.tokenizer
-        self._dropout = any(p.algorithm.train_dropout for p in policies)
 
     @property
     def engine(self) -> HybridEngine:
@@ -345,8 +341,6 @@ class LocalPool(BasePool):
         return next(iter(self.worker.engines.values()))
 
     def _call_each(self, method: str, args: list[tuple]) -> list[Any]:
-        if method in DRAW_NOTHING and not self._dropout:
-            return [getattr(self.worker, method)(*a) for a in args]
         with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):  # the global RNG is left as it was
             torch.set_rng_state(self._rng)
             out = [getattr(self.worker, method)(*a) for a in args]
@@ -367,19 +361,28 @@ class LocalPool(BasePool):
 
 
 class RolloutCopy:
-    """A policy's weights at one version, generating in another thread while its pool trains
-    (``train.async_rollout``, :mod:`agentrt.async_rollout`).
+    """A policy's weights at one version, generating in a process of its own while its pool
+    trains (``train.async_rollout``, :mod:`agentrt.async_rollout`).
 
-    Its own module (:class:`~agentrt.weights.ModuleCopy`) and its own torch random stream,
-    seeded per step (:meth:`reseed`): generation holds torch's global generator for its calls,
-    and the pool's update takes none (``DRAW_NOTHING``), so the two overlap and what either
-    computes does not depend on how their threads interleave.
+    A process, not a thread: generating a small model is mostly Python work between small
+    kernels, which holds the GIL, so a rollout thread and the update took turns instead of
+    overlapping (docs/async.md). The process reads the copy's weights from shared memory (synced
+    in place, no transfer) and samples from its own random stream, seeded per step
+    (:meth:`reseed`), so what it samples does not depend on timing.
     """
 
     def __init__(self, pool: LocalPool, name: str, module: ModuleCopy) -> None:
         self.pool, self.name, self.module = pool, name, module
         self.version = -1  # no weights yet: sync() first
-        self._rng = torch.get_rng_state()
+        ctx = torch.multiprocessing.get_context("forkserver")  # forks of a clean server
+        ctx.set_forkserver_preload(["agentrt.pool"])
+        self._conn, child = ctx.Pipe()
+        threads = max(1, torch.get_num_threads() // 2)  # the update's thread keeps the rest
+        self._proc = ctx.Process(target=_serve_copy, daemon=True, name=f"agentrt-rollout-{name}",
+                                 args=(module.module, module.tokenizer, module.batch_size,
+                                       module.autocast_dtype, module.decode, threads, child))
+        self._proc.start()
+        child.close()
 
     def sync(self) -> None:
         """Takes the policy's current weights and version (between steps, not during one)."""
@@ -389,13 +392,50 @@ class RolloutCopy:
 
     def reseed(self, seed: int) -> None:
         """Starts the copy's random stream at ``seed`` (a function of the run seed and step)."""
-        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            self._rng = torch.get_rng_state()
+        self._call("seed", seed)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Completion]:
-        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
-            torch.set_rng_state(self._rng)
-            out = self.module.generate(prompts, sampling)
-            self._rng = torch.get_rng_state()
+        return self._call("generate", prompts, sampling)
+
+    def _call(self, *request: Any) -> Any:
+        try:
+            self._conn.send(request)
+            ok, out = self._conn.recv()
+        except (EOFError, OSError):
+            raise RuntimeError(f"the rollout process of {self.name!r} died (exit code "
+                               f"{self._proc.exitcode})") from None
+        if not ok:
+            raise RuntimeError(f"the rollout process of {self.name!r} failed: {out}")
         return out
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            self._conn.send(("close",))
+            self._proc.join(10)
+        self._conn.close()
+
+
+def _serve_copy(module: Any, tokenizer: Any, batch_size: int, autocast: Any, decode: str,
+                threads: int, conn: Any) -> None:
+    """The rollout process: answers ``seed`` and ``generate`` requests until ``close`` or until
+    its parent is gone."""
+    from agentrt.rollout.hf import HFRollout
+    from agentrt.config import SamplingConfig
+
+    torch.set_num_threads(threads)
+    hf = HFRollout(module, tokenizer, SamplingConfig(), batch_size, autocast, decode)
+    while True:
+        try:
+            op, *args = conn.recv()
+        except EOFError:
+            return
+        if op == "close":
+            return
+        try:
+            if op == "seed":
+                torch.manual_seed(args[0])
+                conn.send((True, None))
+            else:
+                conn.send((True, hf.generate(*args)))
+        except Exception as exc:  # noqa: BLE001 - sent to the caller, raised there
+            conn.send((False, f"{type(exc).__name__}: {exc}"))

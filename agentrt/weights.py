@@ -248,10 +248,10 @@ class SharedModel:
 
 
 class ModuleCopy:
-    """A second module holding one policy's weights, for a rollout that runs while the live module
-    trains (``train.async_rollout``): the live module's weights change under an optimizer step,
-    and peft's active adapter and the snapshot swap (:func:`swapped_weights`) are per module, so
-    an overlapping rollout needs a module of its own. Costs one more model (LoRA: the base too).
+    """A second module holding one policy's weights, in shared memory, for a rollout process that
+    generates while the live module trains (``train.async_rollout``): the live module's weights
+    change under an optimizer step, so an overlapping rollout needs weights of its own. Costs
+    one more model (LoRA: the base too).
 
     Args:
         shared: The model that hosts the policy.
@@ -261,13 +261,14 @@ class ModuleCopy:
     def __init__(self, shared: SharedModel, name: str) -> None:
         self.shared, self.name = shared, name
         with shared.using(name) as model:
-            self.module = copy.deepcopy(model).requires_grad_(False).eval()
+            self.module = copy.deepcopy(model).requires_grad_(False).eval().share_memory()
         cfg = shared.adapters[name]
-        self.hf = HFRollout(self.module, shared.tokenizer, cfg.rollout.sampling,
-                            cfg.rollout.batch_size, shared.autocast_dtype)
+        self.tokenizer, self.batch_size = shared.tokenizer, cfg.rollout.batch_size
+        self.autocast_dtype, self.decode = shared.autocast_dtype, cfg.rollout.decode
 
     def sync(self) -> None:
-        """Copies the policy's current weights in place (the adapter alone for LoRA)."""
+        """Copies the policy's current weights in place (the adapter alone for LoRA): the
+        process that reads the shared memory sees them at its next call."""
         if self.shared.is_lora:
             from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
@@ -275,6 +276,3 @@ class ModuleCopy:
                 self.shared.model, adapter_name=self.name), adapter_name=self.name)
         else:
             self.module.load_state_dict(self.shared.model.state_dict())
-
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Completion]:
-        return self.hf.generate(prompts, sampling)

@@ -105,6 +105,7 @@ def test_stale_samples_use_their_behaviour_logprobs(nano_dir):
                               t.turns[0].logprobs, reward=t.turns[0].reward,
                               policy_version=pool.version)], group_id="g") for t in old]
     assert pool.train(fresh)["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+    copy.close()
 
 
 def test_off_by_default(tmp_path, nano_dir):
@@ -119,7 +120,6 @@ def test_off_by_default(tmp_path, nano_dir):
 
 @pytest.mark.parametrize("override, field", [
     ({"runtime": {"backend": "ray"}}, "runtime.backend: local"),
-    ({"policy": {"algorithm": {"name": "grpo", "train_dropout": True}}}, "train_dropout"),
     ({"policy": {"algorithm": {"name": "grpo", "old_logprobs": "recompute"}}}, "old_logprobs"),
     ({"train": {"async_rollout": {"enabled": True, "max_staleness": 0}}}, "max_staleness"),
 ])
