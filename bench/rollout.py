@@ -1,6 +1,15 @@
-"""Rollout benchmark: HF generate against vLLM, side by side in one run, for two model sizes.
+"""Rollout benchmark: the decode loops of the HF backend, and HF against vLLM, side by side.
 
-For each model size (llama-tiny and llama-small by default) it builds the model, starts the HF
+``--decode``: the static decode loop (``rollout.decode: static``) against ``model.generate``
+(``rollout.decode: hf``) over the same module, interleaved: for llama-tiny and llama-small, batch
+64 and 256, 6 and 32 new tokens, fp32 and bf16 autocast, the tokens/s of both, their ratio (median
+of the per-round ratios; "cpu": the same in tokens per CPU-second of this process, which other
+load on the machine disturbs less), and rollout MFU against fp32 and bf16 matmul peaks measured in the same
+run (bench/mfu.py's GEMM peak and FLOP count: linear layers + attention of the generated tokens;
+prefill not counted; against the peak of the row's dtype). Prompts: 16 random tokens; T = 1,
+no top-k/top-p.
+
+Without ``--decode``: for each model size (llama-tiny and llama-small by default) it builds the model, starts the HF
 backend (a HybridEngine: ``model.generate``) and a vLLM engine over the same weights, warms both
 up, then reports
 
@@ -21,11 +30,13 @@ Speed figures depend on what else runs on the machine: only the ratios of one ru
 
 Run:  .venv/bin/python bench/rollout.py                      (about 6-8 minutes on 2 cores)
       .venv/bin/python bench/rollout.py --sizes llama-tiny   (quick look)
+      .venv/bin/python bench/rollout.py --decode             (about 8 minutes on 2 cores)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import statistics
@@ -44,6 +55,7 @@ from agentrt.rollout import VLLMRollout
 from agentrt.types import Trajectory, Turn, collate
 
 VLLM_CFG = VLLMConfig(kv_cache_gib=0.5, max_model_len=1024, max_num_seqs=128)
+DECODE_GRID = [(batch, new) for batch in (64, 256) for new in (6, 32)]
 
 
 def uniform_prompts(n: int, length: int, seed: int) -> list[list[int]]:
@@ -168,6 +180,64 @@ def bench_size(preset: str, workdir: Path, process_restart: bool, repeats: int
         rollout.close()
 
 
+def bench_decode(presets: list[str], workdir: Path, rounds: int) -> None:
+    """Static decode loop vs model.generate, interleaved, with MFU against in-run GEMM peaks."""
+    from mfu import forward_flops, gemm_peak  # bench/mfu.py: one FLOP count for every bench
+
+    from agentrt.policies import load_model
+    from agentrt.rollout.hf import HFRollout
+
+    shapes = [(b, 256, 1024) for b, _ in DECODE_GRID] + [(256, 1024, 256), (256, 256, 768)]
+    peaks = {"fp32": gemm_peak(torch.float32, shapes, 3), "bf16": gemm_peak(torch.bfloat16,
+                                                                             shapes, 3)}
+    print(f"threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}; matmul "
+          f"peak fp32 {peaks['fp32']:.0f} GFLOP/s, bf16 {peaks['bf16']:.0f} GFLOP/s\n")
+    print(f"{'model':12s}{'dtype':>6s}{'batch':>6s}{'new':>5s}{'hf tok/s':>10s}"
+          f"{'static':>10s}{'ratio':>7s}{'cpu':>7s}{'MFU hf':>8s}{'static':>8s}")
+    small_256: dict[str, float] = {}
+    for preset in presets:
+        model, tokenizer = load_model(build_model(workdir / preset, preset, seed=0))
+        model.eval()
+        for dtype in ("fp32", "bf16"):
+            autocast = torch.bfloat16 if dtype == "bf16" else None
+            arms = {mode: HFRollout(model, tokenizer, SamplingConfig(), batch_size=256,
+                                    autocast_dtype=autocast, decode=mode)
+                    for mode in ("hf", "static")}
+            for arm in arms.values():  # warm-up
+                arm.generate(uniform_prompts(8, 16, seed=0), SamplingConfig(max_new_tokens=4))
+            for batch, new in DECODE_GRID:
+                prompts = uniform_prompts(batch, 16, seed=batch + new)
+                sampling = SamplingConfig(temperature=1.0, max_new_tokens=new)
+                rates: dict[str, list[float]] = {m: [] for m in arms}
+                cpu: dict[str, list[float]] = {m: [] for m in arms}  # tokens per CPU-second
+                flops: dict[str, list[float]] = {m: [] for m in arms}
+                for _ in range(rounds):
+                    for mode, arm in arms.items():
+                        cpu_start = time.process_time()
+                        secs, comps = timed(arm.generate, prompts, sampling)
+                        cpu_secs = time.process_time() - cpu_start
+                        pos = [len(p) + i for p, c in zip(prompts, comps)
+                               for i in range(len(c.response_ids))]
+                        rates[mode].append(len(pos) / secs)
+                        cpu[mode].append(len(pos) / cpu_secs)
+                        flops[mode].append(forward_flops(model, pos) / secs / 1e9)
+                ratio = statistics.median(s / h for s, h in zip(rates["static"], rates["hf"]))
+                ratio_cpu = statistics.median(s / h for s, h in zip(cpu["static"], cpu["hf"]))
+                mfu = {m: statistics.median(f) / peaks[dtype] for m, f in flops.items()}
+                print(f"{preset:12s}{dtype:>6s}{batch:6d}{new:5d}"
+                      f"{statistics.median(rates['hf']):10.0f}"
+                      f"{statistics.median(rates['static']):10.0f}{ratio:7.2f}{ratio_cpu:7.2f}"
+                      f"{mfu['hf']:8.0%}{mfu['static']:8.0%}", flush=True)
+                if preset == "llama-small" and batch == 256 and new == 32:
+                    small_256[dtype] = mfu["static"]
+    if small_256:
+        met = small_256.get("fp32", 0) >= 0.6 or small_256.get("bf16", 0) >= 0.4
+        print(f"\nllama-small, batch 256, 32 new tokens, static decode: MFU "
+              f"{small_256.get('fp32', 0):.0%} of the fp32 peak (target 60%), "
+              f"{small_256.get('bf16', 0):.0%} of the bf16 peak with bf16 on (target 40%): "
+              f"{'met' if met else 'NOT met'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["llama-tiny", "llama-small"])
@@ -175,9 +245,21 @@ def main() -> None:
                         help="runs per backend and workload, alternating; the best is kept")
     parser.add_argument("--no-process-restart", action="store_true",
                         help="skip timing an engine restart in a new process (about 1 min each)")
+    parser.add_argument("--decode", action="store_true",
+                        help="the static decode loop against model.generate (no vLLM)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="--decode: interleaved rounds per setting (the median is kept)")
+    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     args = parser.parse_args()
     torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
     workdir = Path(tempfile.mkdtemp(prefix="agentrt-bench-rollout-"))
+    if args.decode:
+        try:
+            bench_decode(args.sizes, workdir, args.rounds)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return
     rows = {}
     try:
         for preset in args.sizes:
