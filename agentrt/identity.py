@@ -11,7 +11,8 @@ resumes) and a URL's user part and password parameter (``redis://:pw@host/0?pass
 dropped, so nothing in ``run.json``
 is derived from a secret. ``run.json`` keeps a hash of the whole and one entry per field: its
 value, or a short hash of it when it is long (a prompt template), so a refusal can name every
-field that differs.
+field that differs. A field that a newer agentrt added is no difference while it holds its
+default (:func:`at_default`): the run folder's run ran as the default does.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 from agentrt import __version__
 from agentrt.errors import AgentrtError
@@ -86,20 +89,49 @@ def read_identity(folder: Path, strict: bool = False) -> dict[str, Any] | None:
     return None
 
 
-def differences(old: dict[str, Any], new: dict[str, Any], limit: int = 6) -> str:
+def at_default(model: BaseModel, prefix: str = "") -> set[str]:
+    """The fields of a config (named as :func:`flatten` names them) that hold their default.
+
+    A run folder made by an agentrt that did not have such a field yet ran as its default does
+    (a new field's default keeps the old behaviour), so it is no difference (:func:`added`).
+    """
+    out: set[str] = set()
+    for name, field in type(model).model_fields.items():
+        value, key = getattr(model, name), f"{prefix}.{name}" if prefix else name
+        if isinstance(value, BaseModel):
+            out |= at_default(value, key)
+        elif isinstance(value, list) and value and all(isinstance(v, BaseModel) for v in value):
+            for i, item in enumerate(value):
+                out |= at_default(item, f"{key}[{i}]")
+        elif not field.is_required() and value == field.get_default(call_default_factory=True):
+            out.add(key)
+    return out
+
+
+def added(old: dict[str, Any], new: dict[str, Any], defaulted: set[str]) -> set[str]:
+    """The fields of ``new`` that ``old`` does not have and that hold their default
+    (``defaulted``, from :func:`at_default`; a default dict counts for the keys inside it)."""
+    def default(key: str) -> bool:
+        return any(key == d or key.startswith((f"{d}.", f"{d}[")) for d in defaulted)
+    return {k for k in set(new["fields"]) - set(old["fields"]) if default(k)}
+
+
+def differences(old: dict[str, Any], new: dict[str, Any], limit: int = 6,
+                ignore: set[str] = frozenset()) -> str:
     """The fields where two identities differ, as ``"seed: 0 there, 1 here; memory.url"``
-    (with their values unless ``run.json`` keeps only a hash of them)."""
+    (with their values unless ``run.json`` keeps only a hash of them); ``ignore``d ones left out.
+    Empty when no field but an ignored one differs."""
     a, b = old["fields"], new["fields"]
     out = []
     for key in sorted(set(a) | set(b), key=lambda k: (k != "seed", k)):
-        if a.get(key, "<unset>") == b.get(key, "<unset>"):
+        if a.get(key, "<unset>") == b.get(key, "<unset>") or key in ignore:
             continue
         x, y = a.get(key, "unset"), b.get(key, "unset")
         hidden = isinstance(x, str) and x.startswith("sha256:") or (
             isinstance(y, str) and y.startswith("sha256:"))
         out.append(key if hidden else f"{key}: {_brief(x)} there, {_brief(y)} here")
     more = f"; and {len(out) - limit} more" if len(out) > limit else ""
-    return "; ".join(out[:limit]) + more if out else "the config hash"
+    return "; ".join(out[:limit]) + more if out or ignore else "the config hash"
 
 
 def lock(folder: Path) -> None:

@@ -29,10 +29,11 @@ from typing import Any, Collection, Iterator
 
 import numpy as np
 import torch
+from pydantic import BaseModel
 
 from agentrt.checkpoint import CheckpointError, load_checkpoint, write_checkpoint
-from agentrt.identity import (IDENTITY, RunFolderError, differences, lock, read_identity,
-                              run_identity, unlock)
+from agentrt.identity import (IDENTITY, RunFolderError, added, at_default, differences, lock,
+                              read_identity, run_identity, unlock)
 from agentrt.seeding import numpy_state, random_state, set_numpy_state, set_random_state
 
 __all__ = ["RunDir", "Timer", "load_checkpoint", "seed_everything", "rng_state", "set_rng_state",
@@ -98,10 +99,10 @@ class RunDir:
         self.metrics_path = self.path / "metrics.jsonl"
 
     @classmethod
-    def open(cls, path: str | Path, config: dict[str, Any], start: str = "auto",
+    def open(cls, path: str | Path, config: BaseModel, start: str = "auto",
              outputs: tuple[str, ...] = ()) -> RunDir:
-        """The run folder of a run of ``config`` (resolved, ``model_dump(mode="json")``), locked
-        for this process until :meth:`close`.
+        """The run folder of a run of ``config`` (a resolved config), locked for this process
+        until :meth:`close`.
 
         Args:
             start: "auto" resumes the run the folder holds only if it is this config's;
@@ -118,13 +119,15 @@ class RunDir:
         run = cls(path)
         lock(run.path)
         try:
-            run._claim(run_identity(config), start, cls.outputs + tuple(outputs))
+            run._claim(run_identity(config.model_dump(mode="json")), at_default(config), start,
+                       cls.outputs + tuple(outputs))
         except BaseException:
             run.close()
             raise
         return run
 
-    def _claim(self, identity: dict[str, Any], start: str, outputs: tuple[str, ...]) -> None:
+    def _claim(self, identity: dict[str, Any], defaulted: set[str], start: str,
+               outputs: tuple[str, ...]) -> None:
         held = None if start == "new" else read_identity(self.path, strict=start == "auto")
         if (self.path / IDENTITY).is_dir() and start == "force":
             raise RunFolderError(f"{self.path / IDENTITY} is a directory; remove it or pass "
@@ -135,13 +138,18 @@ class RunDir:
                 log.warning("--new-run: deleted the previous run's %s in %s",
                             ", ".join(removed), self.path)
         elif held is not None and held["config_sha256"] != identity["config_sha256"]:
-            diff = differences(held, identity)
-            if start == "auto":
+            new_fields = added(held, identity, defaulted)
+            diff = differences(held, identity, ignore=new_fields)
+            if not diff:  # made by an agentrt without these fields: it ran as their defaults do
+                log.warning("run folder %s was made before config field(s) %s existed; resuming "
+                            "it with their defaults", self.path, ", ".join(sorted(new_fields)))
+            elif start == "auto":
                 raise RunFolderError(
                     f"run folder {self.path} holds another run ({diff}); pass --new-run to "
                     "start over in it or --resume force to continue it with this config")
-            log.warning("--resume force: continuing the run in %s with this config (%s)",
-                        self.path, diff)
+            else:
+                log.warning("--resume force: continuing the run in %s with this config (%s)",
+                            self.path, diff)
         elif held is None and self.checkpoints():
             log.warning("run folder %s records no run identity (%s); it takes this config's",
                         self.path, IDENTITY)

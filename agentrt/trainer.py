@@ -284,7 +284,7 @@ class Trainer:
         self.cfg = cfg
         set_threads(cfg.threads)
         self.workload = PromptWorkload(cfg)  # a bad data file fails before the run folder
-        self.run_dir = RunDir.open(cfg.run_dir, cfg.model_dump(mode="json"), start,
+        self.run_dir = RunDir.open(cfg.run_dir, cfg, start,
                                    PromptWorkload.outputs)
         seed_everything(cfg.seed)
         self.controller = Controller([cfg.policy], cfg.runtime, self.run_dir, seed=cfg.seed,

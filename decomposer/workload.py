@@ -273,7 +273,7 @@ class Decomposer:
     def __init__(self, cfg: DecomposeConfig, start: str = "auto") -> None:
         self.cfg = cfg
         set_threads(cfg.threads)
-        self.run_dir = RunDir.open(cfg.run_dir, cfg.model_dump(mode="json"), start,
+        self.run_dir = RunDir.open(cfg.run_dir, cfg, start,
                                    DecomposeWorkload.outputs)
         seed_everything(cfg.seed)
         self.workload = DecomposeWorkload(cfg)

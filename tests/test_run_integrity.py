@@ -33,6 +33,7 @@ import yaml
 
 from agentrt.checkpoint import CheckpointError, load_checkpoint, sha256_of
 from agentrt.config import validate_config
+from agentrt.identity import RunFolderError
 from agentrt.run import RunDir
 from agentrt.trainer import Trainer
 
@@ -261,7 +262,7 @@ def test_a_rerun_with_another_seed_is_refused_unless_forced(train_run, tiny_mode
     # Folder, progress, threads and checkpoint settings may change between resumes.
     same = train_config(run_dir, tiny_model_dir, threads=2,
                         checkpoint={"every": 2, "keep": 3})
-    RunDir.open(run_dir, validate_config(same).model_dump(mode="json")).close()
+    RunDir.open(run_dir, validate_config(same)).close()
 
     with caplog.at_level(logging.WARNING, logger="agentrt"):
         Trainer(validate_config(cfg), start="force").run()
@@ -290,6 +291,31 @@ def test_run_identity_holds_no_secret_and_names_what_differs() -> None:
         'seed: 0 there, 1 here; memory.banks.league.url: "redis://127.0.0.1:6379/0?password=" '
         'there, "redis://127.0.0.1:6379/1?password=" here; policy.optim.lr: 0.001 there, 0.002 '
         'here; policy.rollout.sampling.max_new_tokens: 4 there, "unset" here')
+
+
+def test_a_folder_made_before_a_config_field_existed_resumes_at_its_default(
+        train_run, tiny_model_dir, tmp_path, caplog) -> None:
+    """An upgrade adds config fields: a run folder whose run.json lacks one resumes when the
+    field holds its default (the old code ran as the default does) and is refused, naming it,
+    when the resume sets it otherwise."""
+    run_dir = copy_run(train_run, tmp_path / "run")
+    held = json.loads((run_dir / "run.json").read_text())
+    key = "policy.optim.max_grad_norm"  # stands for a field the old agentrt did not have
+    assert key in held["fields"]
+    del held["fields"][key]
+    held["config_sha256"] = "0" * 64
+    (run_dir / "run.json").write_text(json.dumps(held))
+    with caplog.at_level(logging.WARNING, logger="agentrt"):
+        RunDir.open(run_dir, validate_config(train_config(run_dir, tiny_model_dir))).close()
+    assert any(f"before config field(s) {key} existed" in r.getMessage() for r in caplog.records)
+    assert key in json.loads((run_dir / "run.json").read_text())["fields"]  # now recorded
+
+    (run_dir / "run.json").write_text(json.dumps(held))  # without the field again
+    cfg = train_config(run_dir, tiny_model_dir)
+    cfg["policy"].setdefault("optim", {})["max_grad_norm"] = 0.5
+    with pytest.raises(RunFolderError, match=f"holds another run \\({key}: \"unset\" there, "
+                                             "0.5 here\\)"):
+        RunDir.open(run_dir, validate_config(cfg))
 
 
 def test_new_run_leaves_no_record_of_the_old_run(train_run, tiny_model_dir, tmp_path) -> None:
@@ -356,7 +382,7 @@ def test_new_run_in_a_tournament_folder_keeps_no_old_match_or_memory(
 def test_a_second_process_on_a_run_folder_refuses(train_run, tiny_model_dir, tmp_path) -> None:
     run_dir = copy_run(train_run, tmp_path / "run")
     cfg = validate_config(train_config(run_dir, tiny_model_dir))
-    held = RunDir.open(run_dir, cfg.model_dump(mode="json"))  # this process writes the folder
+    held = RunDir.open(run_dir, cfg)  # this process writes the folder
     try:
         path = write_yaml(tmp_path / "cfg.yaml", train_config(run_dir, tiny_model_dir))
         line = one_error_line(cli("train", str(path)))

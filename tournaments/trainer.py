@@ -340,7 +340,7 @@ class LeagueTrainer:
     def __init__(self, cfg: TournamentRunConfig, start: str = "auto") -> None:
         self.cfg = cfg
         set_threads(cfg.threads)
-        self.run_dir = RunDir.open(cfg.run_dir, cfg.model_dump(mode="json"), start,
+        self.run_dir = RunDir.open(cfg.run_dir, cfg, start,
                                    LeagueWorkload.outputs)
         seed_everything(cfg.seed)
         self.workload = LeagueWorkload(cfg)
