@@ -276,6 +276,16 @@ class PolicyConfig(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward.")
+    micro_batch_tokens: int | None = Field(
+        None, gt=0, description="Token budget of one forward/backward: rows sorted by length "
+        "fill micro-batches of at most this many computed positions (rows x longest row; with "
+        "packing, the sum of lengths) and at most micro_batch_size rows, so like lengths are "
+        "padded together; a longer row goes alone. None: micro_batch_size rows in batch order. "
+        "Either way a micro-batch is cut to its own longest row (docs/architecture.md).")
+    packing: bool = Field(
+        True, description="Concatenate a micro-batch's sequences into rows of at least 64 "
+        "positions, position ids restarting and attention confined to each sequence, so little "
+        "padding is computed; log-probs equal the padded ones (docs/architecture.md).")
     trainable: bool = Field(True, description="False freezes the policy (opponents, snapshots).")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     memory: MemoryConfig | None = Field(

@@ -38,14 +38,13 @@ from agentrt.algos import (
 from agentrt.algos.preference import group_mean
 from agentrt.config import PolicyConfig, SamplingConfig
 from agentrt.optim import ValueModel, make_optimizer, make_scheduler
+from agentrt.packing import Forward, Layout, check_packing, layout, plan_micro_batches
 from agentrt.rollout.hf import Completion
 from agentrt.steps import (
     DataParallel,
     advantages_from,
     chunks,
     is_share_metric,
-    shift_entropy,
-    shift_logprobs,
 )
 from agentrt.types import TrainBatch
 from agentrt.weights import SharedModel
@@ -103,6 +102,11 @@ class HybridEngine:
         self.rae_state = RAEState.for_algorithm(self.algo)
         # Data-parallel hooks a pool worker installs (set_data_parallel); None trains alone.
         self.data_parallel: DataParallel | None = None
+        # Positions the trainer's forward passes computed, and how many were tokens (padding
+        # metrics of the next update).
+        self.computed_positions, self.computed_tokens = 0, 0
+        if cfg.packing:
+            check_packing(self.model, self.device)
         self.sync_rollout()  # vLLM: serve this policy's weights from the start
 
     # ------------------------------------------------------------------ set-up helpers
@@ -195,37 +199,68 @@ class HybridEngine:
                                     self.policy_id)
 
     # ------------------------------------------------------------------ forward passes
-    def logits(self, model: nn.Module, batch: TrainBatch, scaled: bool = True) -> torch.Tensor:
-        """[B, T, V] float logits, divided by the sampling temperature when ``scaled`` (so that
-        log-probs match the distribution the rollout sampled from)."""
+    def micro_batches(self, batch: Any) -> list[list[int]]:
+        """Rows of each forward/backward micro-batch: ``micro_batch_size`` rows in batch order,
+        or length buckets within ``micro_batch_tokens`` (agentrt.packing). A preference batch
+        is split by examples, never by length."""
+        size = self.cfg.micro_batch_size
+        if not isinstance(batch, TrainBatch):
+            return [list(range(p.start, p.stop)) for p in chunks(batch.size, size)]
+        return plan_micro_batches(batch.attention_mask.sum(-1).tolist(), size,
+                                  self.cfg.micro_batch_tokens, self.cfg.packing)
+
+    def layout(self, batch: TrainBatch) -> Layout:
+        """The rows a forward pass of ``batch`` computes: trimmed to its longest row, or packed
+        (``policy.packing``); counted for the padding metrics."""
+        lay = layout(batch.input_ids, batch.attention_mask, self.cfg.packing, self.pad_id)
+        self.computed_positions += lay.computed
+        self.computed_tokens += lay.tokens
+        return lay
+
+    def forward(self, model: nn.Module, batch: TrainBatch, scaled: bool = True) -> Forward:
+        """One forward pass of ``batch``: its float logits, divided by the sampling temperature
+        when ``scaled`` (so that log-probs match the distribution the rollout sampled from);
+        ``.logprobs()`` and ``.entropy()`` read them in the batch's [B, T] rows."""
+        lay = self.layout(batch)
         with self._autocast():
-            out = model(input_ids=batch.input_ids.to(self.device),
-                        attention_mask=batch.attention_mask.to(self.device))
+            out = model(**lay.inputs(self.device))
         temp = (self.cfg.rollout.sampling.temperature or 1.0) if scaled else 1.0
-        return out.logits.float() / temp
+        return Forward(out.logits.float() / temp, lay)
+
+    def critic_values(self, batch: TrainBatch) -> torch.Tensor:
+        """[B, T] critic values of ``batch`` (aligned like log-probs), with gradients."""
+        assert self.critic is not None
+        lay = self.layout(batch)
+        return lay.unpack(self.critic(**lay.inputs(self.device)))
+
+    def padding_metrics(self) -> dict[str, float]:
+        """Padding the trainer's forward passes computed since the last call (log-prob passes
+        and the update; this process's rows), then starts counting again."""
+        padded = self.computed_positions - self.computed_tokens
+        out = {"perf/padded_tokens": float(padded),
+               "perf/pad_fraction": padded / max(1, self.computed_positions)}
+        self.computed_positions, self.computed_tokens = 0, 0
+        return out
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch, reference: bool = False, scaled: bool = True
                  ) -> torch.Tensor:
         """[B, T] log-probs of ``batch.input_ids`` under the policy (or the reference), of the
         sampling distribution when ``scaled`` (logits / temperature), else of the model itself."""
-        parts = []
+        out = torch.zeros(batch.input_ids.shape)
         name = (self.reference if reference else self.policy_id)
-        for part in chunks(batch.size, self.cfg.micro_batch_size):
-            mb = batch.select(part)
+        for part in self.micro_batches(batch):
             with self.shared.using(name) as model:
-                logits = self.logits(model, mb, scaled)
-            parts.append(shift_logprobs(logits, mb.input_ids.to(self.device)).cpu())
+                out[part] = self.forward(model, batch.select(part), scaled).logprobs().cpu()
         self.shared.activate(self.policy_id)
-        return torch.cat(parts) * batch.loss_mask
+        return out * batch.loss_mask
 
     @torch.no_grad()
     def values(self, batch: TrainBatch) -> torch.Tensor:
-        assert self.critic is not None
-        parts = [self.critic(batch.input_ids[p].to(self.device),
-                             batch.attention_mask[p].to(self.device)).cpu()
-                 for p in chunks(batch.size, self.cfg.micro_batch_size)]
-        return torch.cat(parts) * batch.loss_mask
+        out = torch.zeros(batch.input_ids.shape)
+        for part in self.micro_batches(batch):
+            out[part] = self.critic_values(batch.select(part)).cpu()
+        return out * batch.loss_mask
 
     # ------------------------------------------------------------------ algorithm steps
     def old_logprobs_source(self, batch: TrainBatch) -> str:
@@ -279,8 +314,8 @@ class HybridEngine:
         this forward's own, detached; ``rollout_diff``: report the gap of this forward's
         log-probs to ``mb.old_logprobs`` (the rollout's) as rollout/logprob_diff."""
         algo = self.algo
-        logits = self.logits(self.model, mb)
-        logp = shift_logprobs(logits, mb.input_ids)
+        fwd = self.forward(self.model, mb)
+        logp = fwd.logprobs()
         old = logp.detach() if old_from_update else mb.old_logprobs
         token_loss, metrics = POLICY_LOSSES.get(algo.policy_loss)(
             logp, old, mb.advantages, mb.loss_mask, algo)
@@ -289,7 +324,7 @@ class HybridEngine:
             metrics["rollout/logprob_diff"] = float(gap.sum()) / n_tok
         agg = lambda x: aggregate(x, mb.loss_mask, algo.loss_agg, n_tok, n_seq)  # noqa: E731
         pg_loss = agg(token_loss)
-        entropy = agg(shift_entropy(logits if algo.entropy_coef else logits.detach()))
+        entropy = agg(fwd.entropy(grad=bool(algo.entropy_coef)))
         loss = pg_loss - algo.entropy_coef * entropy
         metrics.update({"actor/pg_loss": float(pg_loss.detach()), "actor/entropy": float(entropy.detach())})
         if self.uses_reference:
@@ -301,8 +336,7 @@ class HybridEngine:
 
     def _critic_loss(self, mb: TrainBatch, n_tok: float, n_seq: float
                      ) -> tuple[torch.Tensor, dict[str, float]]:
-        assert self.critic is not None
-        values = self.critic(mb.input_ids, mb.attention_mask)
+        values = self.critic_values(mb)
         token_loss, metrics = value_token_loss(values, mb.values, mb.returns, mb.loss_mask,
                                                self.algo.value_clip)
         loss = aggregate(token_loss, mb.loss_mask, self.algo.loss_agg, n_tok, n_seq)
@@ -325,7 +359,7 @@ class HybridEngine:
         optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, list[float]] = defaultdict(list)
         total, finite = 0.0, True
-        for part in chunks(local.size, self.cfg.micro_batch_size):
+        for part in self.micro_batches(local):
             loss, m = loss_fn(local.select(part).to(self.device), n_tok, n_seq)
             if not torch.isfinite(loss):
                 finite = False
@@ -381,7 +415,7 @@ class HybridEngine:
                         for k, v in self.optimize(mb, self._critic_loss, self.critic_optimizer,
                                                   list(self.critic.parameters()), "critic").items():
                             history[k].append(v)
-        metrics = {k: sum(v) / len(v) for k, v in history.items()}
+        metrics = {k: sum(v) / len(v) for k, v in history.items()} | self.padding_metrics()
         if self.data_parallel is not None:  # whole-batch values, the same on every replica
             metrics = self.data_parallel.reduce_metrics(metrics)
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
@@ -416,7 +450,7 @@ class HybridEngine:
         in ordinary fine-tuning)."""
 
         def loss_fn(mb: TrainBatch, n_tok: float, n_seq: float) -> tuple[torch.Tensor, dict]:
-            logp = shift_logprobs(self.logits(self.model, mb, scaled=False), mb.input_ids)
+            logp = self.forward(self.model, mb, scaled=False).logprobs()
             return aggregate(sft_token_loss(logp, mb.loss_mask), mb.loss_mask, "token-mean",
                              n_tok, n_seq), {}
 
@@ -426,6 +460,7 @@ class HybridEngine:
             metrics = self.optimize(batch, loss_fn, optimizer, params, "sft")
         finally:
             self.model.eval()
+        metrics |= self.padding_metrics()
         self.version += 1
         return metrics | self.sync_rollout()
 
@@ -435,8 +470,7 @@ class HybridEngine:
         (``optimize``'s ``loss_fn``; ``n_seq`` counts the mini-batch's examples)."""
         del n_tok
         algo = self.algo
-        logits = self.logits(self.model, mb.seqs, scaled=False)
-        policy = sequence_logps(shift_logprobs(logits, mb.seqs.input_ids.to(self.device)),
+        policy = sequence_logps(self.forward(self.model, mb.seqs, scaled=False).logprobs(),
                                 mb.seqs.loss_mask.to(self.device)).cpu()
         per_example, metrics = PREFERENCE_LOSSES.get(str(algo.preference_loss))(
             policy, mb.ref_logps, mb.index, algo)
@@ -458,6 +492,7 @@ class HybridEngine:
         params = self.parameters()
         with self._training():
             metrics = self.optimize(batch, self.preference_loss, self.optimizer, params, "actor")
+        metrics |= self.padding_metrics()
         if self.data_parallel is not None:
             metrics = self.data_parallel.reduce_metrics(metrics)
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]

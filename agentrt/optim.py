@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,8 +27,11 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **inputs: Any) -> torch.Tensor:
+        """[R, W] values of the rows given (``inputs``: position ids of packed rows)."""
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask,
+                           **inputs).last_hidden_state
         values = self.head(hidden[:, :-1].float()).squeeze(-1)
         return torch.nn.functional.pad(values, (1, 0))
 

@@ -1,0 +1,115 @@
+"""Token-budget micro-batches and sequence packing: the same numbers as padded rows, less padding."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from agentrt.config import AlgorithmConfig, LoraConfig, validate_config
+from agentrt.errors import ConfigError
+from agentrt.packing import layout, plan_micro_batches
+from agentrt.types import Trajectory, Turn, collate
+from test_engine import make_engine, params_of
+
+BUDGET = 96  # small enough that rows of several lengths need several micro-batches
+
+
+def varied_batch(pad_id: int, n: int = 24, seed: int = 0):
+    """Rows of 3 to 34 tokens (prompts 2-14, responses 1-20), so packing has short rows to
+    share a row with and padded rows waste up to 90% of their positions."""
+    rng = random.Random(seed)
+    trajs = []
+    for i in range(n):
+        prompt = [1] + [rng.randrange(3, 250) for _ in range(rng.randint(1, 13))]
+        response = [rng.randrange(3, 250) for _ in range(rng.randint(1, 20))]
+        trajs.append(Trajectory([Turn(prompt, response, [-1.0] * len(response),
+                                      reward=float(rng.random() < 0.5))], group_id=str(i // 4)))
+    return collate(trajs, pad_id)
+
+
+ARMS = {"padded": {"packing": False},
+        "bucketed": {"micro_batch_tokens": BUDGET, "packing": False},
+        "packed": {"micro_batch_tokens": BUDGET, "packing": True}}
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_packed_and_bucketed_logprobs_equal_the_padded_ones(tiny_model_dir, lora):
+    engines = {arm: make_engine(tiny_model_dir, lora=LoraConfig(enabled=lora),
+                                rollout={"sampling": {"temperature": 0.7}}, **kw)
+               for arm, kw in ARMS.items()}
+    batch = varied_batch(engines["padded"].pad_id)
+    lay = layout(batch.input_ids, batch.attention_mask, True, 0)
+    assert lay.input_ids.shape[0] < batch.size  # short sequences really share rows
+    out = {}
+    for arm, eng in engines.items():
+        eng.padding_metrics()  # the engine's own start-up probe is not this batch's
+        out[arm] = (eng.logprobs(batch), eng.padding_metrics())
+    padded_lp, padded = out["padded"]
+    assert padded_lp.abs().sum() > 0
+    for arm in ("bucketed", "packed"):
+        torch.testing.assert_close(out[arm][0], padded_lp, atol=2e-5, rtol=0)
+    # one padded micro-batch (64 rows) pads every row to the longest; buckets and packing much less
+    assert padded["perf/padded_tokens"] == batch.size * batch.input_ids.shape[1] - \
+        batch.attention_mask.sum()
+    assert out["bucketed"][1]["perf/padded_tokens"] < 0.5 * padded["perf/padded_tokens"]
+    assert out["packed"][1]["perf/padded_tokens"] < out["bucketed"][1]["perf/padded_tokens"]
+
+
+def test_grpo_update_with_packing_gives_the_same_weights(tiny_model_dir):
+    # AdamW's first step is lr * g / (|g| + eps): with eps 1 it is ~lr * g, so the weights
+    # compare the gradients (with eps 1e-8 it is ~lr * sign(g), which rounding flips where g ~ 0)
+    optim = {"lr": 1.0, "eps": 1.0}
+    algo = AlgorithmConfig(entropy_coef=0.01)  # the entropy's gradient too
+    engines = {arm: make_engine(tiny_model_dir, algorithm=algo, optim=optim, **kw)
+               for arm, kw in ARMS.items()}
+    before = params_of(engines["padded"])
+    batch = varied_batch(engines["padded"].pad_id, n=16, seed=1)
+    steps, metrics = {}, {}
+    for arm, eng in engines.items():
+        b = batch.select(list(range(batch.size)))
+        eng.prepare(b)
+        eng.compute_advantages(b)
+        metrics[arm] = eng.update(b)
+        steps[arm] = torch.cat([(p - before[k]).flatten() for k, p in params_of(eng).items()])
+    scale = float(steps["padded"].abs().max())
+    assert scale > 1e-4
+    for arm in ("bucketed", "packed"):
+        assert float((steps[arm] - steps["padded"]).abs().max()) <= 1e-4 * scale, arm
+        for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
+            assert metrics[arm][key] == pytest.approx(metrics["padded"][key], rel=1e-4, abs=1e-7)
+    assert metrics["packed"]["perf/pad_fraction"] < metrics["padded"]["perf/pad_fraction"]
+
+
+def test_critic_values_are_the_same_packed(tiny_model_dir):
+    ppo = AlgorithmConfig(name="ppo")
+    engines = [make_engine(tiny_model_dir, algorithm=ppo, **kw)
+               for kw in (ARMS["padded"], ARMS["packed"])]
+    for eng in engines:  # a critic head at 0 gives 0 everywhere: make it read the body
+        torch.nn.init.normal_(eng.critic.head.weight, generator=torch.Generator().manual_seed(0))
+    batch = varied_batch(engines[0].pad_id, seed=2)
+    padded, packed = (eng.values(batch) for eng in engines)
+    assert padded.abs().sum() > 0
+    torch.testing.assert_close(packed, padded, atol=2e-5, rtol=0)
+
+
+def test_token_budget_plans_cover_every_row_within_the_budget():
+    rng = random.Random(3)
+    lengths = [rng.randint(1, 40) for _ in range(200)] + [90]  # one row longer than the budget
+    for packed in (False, True):
+        parts = plan_micro_batches(lengths, max_rows=16, max_tokens=64, packed=packed)
+        assert sorted(i for p in parts for i in p) == list(range(len(lengths)))
+        for part in parts:
+            cost = sum(lengths[i] for i in part) if packed else \
+                len(part) * max(lengths[i] for i in part)
+            assert len(part) <= 16 and (cost <= 64 or len(part) == 1)
+    assert plan_micro_batches(lengths[:5], max_rows=2) == [[0, 1], [2, 3], [4]]
+
+
+@pytest.mark.parametrize("policy, field", [({"micro_batch_tokens": 0}, "micro_batch_tokens"),
+                                           ({"micro_batch_tokens": "lots"}, "micro_batch_tokens"),
+                                           ({"packing": "maybe"}, "packing")])
+def test_bad_budget_or_packing_is_one_message_naming_the_field(policy, field):
+    with pytest.raises(ConfigError, match=f"policy.{field}"):
+        validate_config({"policy": policy})
