@@ -76,28 +76,34 @@ class AsyncRollout:
         self.copies: dict[str, RolloutCopy] = {}
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrt-rollout")
         self._flight: _InFlight | None = None
+        self._starting: list[Future] = []  # the copies' process starts (their errors)
 
     @property
     def in_flight(self) -> bool:
         return self._flight is not None
+
+    def start(self, ctl: Any) -> None:
+        """Copies the learners' modules (now, while nothing trains) and starts their rollout
+        processes in the rollout thread, beside the warm start and the first steps."""
+        for pid in ctl.learners():
+            pool = ctl.pool_of(pid)
+            if not isinstance(pool, LocalPool):
+                raise ConfigError("train.async_rollout needs runtime.backend: local")
+            self.copies[pid] = pool.rollout_copy(pid)
+            self._starting.append(self._thread.submit(self.copies[pid].start))
 
     def launch(self, ctl: Any, work: Any, step: int) -> None:
         """Draws step ``step``'s episodes and starts playing them on the copies, synced to the
         learners' current weights, while the caller goes on (to the update)."""
         specs = work.next_episodes(step)
         players = dict(work.players(specs))
-        for pid in [p for p in players if p in ctl.learners()]:
-            if pid not in self.copies:
-                pool = ctl.pool_of(pid)
-                if not isinstance(pool, LocalPool):
-                    raise ConfigError("train.async_rollout needs runtime.backend: local")
-                self.copies[pid] = pool.rollout_copy(pid)
+        for pid in [p for p in players if p in self.copies]:
             copy = self.copies[pid]
             copy.sync()
             copy.reseed(self.seed * 1_000_003 + step)
             players[pid] = players[pid].on(CopyHandle(copy, ctl.cfgs[pid], ctl.tokenizer(pid)))
         runner = EpisodeRunner(players, work.runner, route=work.seat_router())
-        future = self._thread.submit(_play, runner, specs, work.on_episode_end())
+        future = self._thread.submit(self._play, runner, specs, work.on_episode_end())
         self._flight = _InFlight(step, specs, future)
 
     def rollout(self, ctl: Any, work: Any, step: int) -> tuple[RunResult, dict[str, float]]:
@@ -124,6 +130,16 @@ class AsyncRollout:
         played = ctl.play(work, specs) if specs else RunResult([], [], {})
         return played, metrics | {"rollout/staleness": 0.0}
 
+    def _play(self, runner: EpisodeRunner, specs: list[EpisodeSpec], on_end: Any
+              ) -> tuple[RunResult, float]:
+        """The rollout thread's work: the envs and the runner here, the generation in the
+        copies' processes (this thread waits for them without the GIL)."""
+        for started in self._starting:  # after them in this thread: raises what failed
+            started.result()
+        start = time.perf_counter()
+        played = runner.run(specs, on_episode_end=on_end) if specs else RunResult([], [], {})
+        return played, time.perf_counter() - start
+
     def close(self) -> None:
         """Waits for a rollout in flight (a run stopped after its step), ends the thread and
         the copies' processes."""
@@ -132,11 +148,3 @@ class AsyncRollout:
         for copy in self.copies.values():
             copy.close()
 
-
-def _play(runner: EpisodeRunner, specs: list[EpisodeSpec], on_end: Any
-          ) -> tuple[RunResult, float]:
-    """The rollout thread's work: the envs and the runner here, the generation in the copies'
-    processes (this thread waits for them without the GIL)."""
-    start = time.perf_counter()
-    played = runner.run(specs, on_episode_end=on_end) if specs else RunResult([], [], {})
-    return played, time.perf_counter() - start

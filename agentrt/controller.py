@@ -267,6 +267,8 @@ class Controller:
         try:
             work.start(self)
             self._tune_threads()
+            if self.prefetch is not None:  # its processes start beside the warm start
+                self.prefetch.start(self)
             last = {} if self._resume(work) else self._warm_start(work)
             if self.control is not None:
                 self.control.start(self)

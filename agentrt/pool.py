@@ -368,7 +368,8 @@ class RolloutCopy:
     kernels, which holds the GIL, so a rollout thread and the update took turns instead of
     overlapping (docs/async.md). The process reads the copy's weights from shared memory (synced
     in place, no transfer) and samples from its own random stream, seeded per step
-    (:meth:`reseed`), so what it samples does not depend on timing.
+    (:meth:`reseed`), so what it samples does not depend on timing. :meth:`start` starts the
+    process (seconds: a forkserver imports torch once per run), so a caller may run it aside.
     """
 
     def __init__(self, pool: LocalPool, name: str, module: ModuleCopy) -> None:
@@ -376,13 +377,17 @@ class RolloutCopy:
         self.version = -1  # no weights yet: sync() first
         ctx = torch.multiprocessing.get_context("forkserver")  # forks of a clean server
         ctx.set_forkserver_preload(["agentrt.pool"])
-        self._conn, child = ctx.Pipe()
+        self._conn, self._child = ctx.Pipe()
         threads = max(1, torch.get_num_threads() // 2)  # the update's thread keeps the rest
         self._proc = ctx.Process(target=_serve_copy, daemon=True, name=f"agentrt-rollout-{name}",
                                  args=(module.module, module.tokenizer, module.batch_size,
-                                       module.autocast_dtype, module.decode, threads, child))
+                                       module.autocast_dtype, module.decode, threads,
+                                       self._child))
+        self._seed: int | None = None
+
+    def start(self) -> None:
         self._proc.start()
-        child.close()
+        self._child.close()
 
     def sync(self) -> None:
         """Takes the policy's current weights and version (between steps, not during one)."""
@@ -391,13 +396,17 @@ class RolloutCopy:
             self.version = self.pool.version_of(self.name)
 
     def reseed(self, seed: int) -> None:
-        """Starts the copy's random stream at ``seed`` (a function of the run seed and step)."""
-        self._call("seed", seed)
+        """Starts the copy's random stream at ``seed`` (a function of the run seed and step)
+        with its next call."""
+        self._seed = seed
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Completion]:
-        return self._call("generate", prompts, sampling)
+        seed, self._seed = self._seed, None
+        return self._call(prompts, sampling, seed)
 
     def _call(self, *request: Any) -> Any:
+        if self._proc.pid is None:
+            raise RuntimeError("RolloutCopy.start() first")
         try:
             self._conn.send(request)
             ok, out = self._conn.recv()
@@ -409,16 +418,16 @@ class RolloutCopy:
         return out
 
     def close(self) -> None:
-        if self._proc.is_alive():
-            self._conn.send(("close",))
+        if self._proc.pid is not None and self._proc.is_alive():
+            self._conn.send(None)
             self._proc.join(10)
         self._conn.close()
 
 
 def _serve_copy(module: Any, tokenizer: Any, batch_size: int, autocast: Any, decode: str,
                 threads: int, conn: Any) -> None:
-    """The rollout process: answers ``seed`` and ``generate`` requests until ``close`` or until
-    its parent is gone."""
+    """The rollout process: answers ``(prompts, sampling, seed)`` requests (a seed starts its
+    random stream first) until ``None`` or until its parent is gone."""
     from agentrt.rollout.hf import HFRollout
     from agentrt.config import SamplingConfig
 
@@ -426,16 +435,15 @@ def _serve_copy(module: Any, tokenizer: Any, batch_size: int, autocast: Any, dec
     hf = HFRollout(module, tokenizer, SamplingConfig(), batch_size, autocast, decode)
     while True:
         try:
-            op, *args = conn.recv()
+            request = conn.recv()
         except EOFError:
             return
-        if op == "close":
+        if request is None:
             return
+        prompts, sampling, seed = request
         try:
-            if op == "seed":
-                torch.manual_seed(args[0])
-                conn.send((True, None))
-            else:
-                conn.send((True, hf.generate(*args)))
+            if seed is not None:
+                torch.manual_seed(seed)
+            conn.send((True, hf.generate(prompts, sampling)))
         except Exception as exc:  # noqa: BLE001 - sent to the caller, raised there
             conn.send((False, f"{type(exc).__name__}: {exc}"))

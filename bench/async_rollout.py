@@ -36,8 +36,11 @@ def child(args: argparse.Namespace) -> None:
     rows = [json.loads(x) for x in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     trained = [r for r in rows if r["step"] > 0]
+    t = [r["time"] for r in trained]  # steady: from step 2 on (the rollout process is up)
     print(json.dumps({
         "wall_s": wall, "steps": cfg.train.steps, "acc0": evals[0], "acc": evals[-1],
+        "acc_last3": sum(evals[-3:]) / len(evals[-3:]),
+        "steady": (len(t) - 2) / (t[-1] - t[1]) if len(t) > 2 else 0.0,
         "overlap_s": sum(r.get("async/overlap_s", 0.0) for r in trained),
         "staleness": sum(r.get("rollout/staleness", 0.0) for r in trained) / max(1, len(trained)),
         "threads": rows[-1].get("perf/threads")}))
@@ -75,22 +78,30 @@ def main() -> None:
                     *start, f"run_dir={root / f'{arm}{seed}'}",
                     f"train.async_rollout.enabled={on}"])
                 print(f"seed {seed} {arm:5s}: {r['steps'] / r['wall_s']:.3f} steps/s "
-                      f"({r['wall_s']:.0f} s), held-out exact match {r['acc0']:.3f} -> "
+                      f"({r['wall_s']:.0f} s; {r['steady']:.3f} from step 2), held-out exact "
+                      f"match {r['acc0']:.3f} -> "
                       f"{r['acc']:.3f}, overlap {r['overlap_s']:.0f} s, staleness "
                       f"{r['staleness']:.2f}, threads {r['threads']}", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print("\nseed  sync steps/s  async steps/s  ratio  sync acc  async acc  diff (points)")
+    print("\nseed  steps/s sync  async  ratio  (from step 2: ratio)  final acc sync  async  "
+          "diff (points)")
     for seed in args.seeds:
         s, a = results[seed, "sync"], results[seed, "async"]
         rs, ra = s["steps"] / s["wall_s"], a["steps"] / a["wall_s"]
-        print(f"{seed:4d}  {rs:12.3f}  {ra:13.3f}  {ra / rs:5.2f}  {s['acc']:8.3f}  "
-              f"{a['acc']:9.3f}  {100 * (a['acc'] - s['acc']):+13.1f}")
+        print(f"{seed:4d}  {rs:12.3f}  {ra:5.3f}  {ra / rs:5.2f}  {a['steady'] / s['steady']:21.2f}"
+              f"  {s['acc']:14.3f}  {a['acc']:5.3f}  {100 * (a['acc'] - s['acc']):+13.1f}")
+    n = len(args.seeds)
     total = {arm: sum(results[s, arm]["wall_s"] for s in args.seeds) for arm in ARMS}
-    acc = {arm: sum(results[s, arm]["acc"] for s in args.seeds) / len(args.seeds) for arm in ARMS}
-    print(f"all   steps/s ratio async/sync {total['sync'] / total['async']:.2f}x; mean final "
-          f"held-out exact match sync {acc['sync']:.3f}, async {acc['async']:.3f} "
-          f"({100 * (acc['async'] - acc['sync']):+.1f} points)")
+    steady = {arm: sum(1 / results[s, arm]["steady"] for s in args.seeds) for arm in ARMS}
+    acc = {arm: sum(results[s, arm]["acc"] for s in args.seeds) / n for arm in ARMS}
+    last3 = {arm: sum(results[s, arm]["acc_last3"] for s in args.seeds) / n for arm in ARMS}
+    print(f"all   steps/s ratio async/sync {total['sync'] / total['async']:.2f}x "
+          f"({steady['sync'] / steady['async']:.2f}x from step 2); mean final held-out exact "
+          f"match sync {acc['sync']:.3f}, async {acc['async']:.3f} "
+          f"({100 * (acc['async'] - acc['sync']):+.1f} points; mean of the last 3 evaluations "
+          f"{last3['sync']:.3f} vs {last3['async']:.3f}, "
+          f"{100 * (last3['async'] - last3['sync']):+.1f})")
 
 
 if __name__ == "__main__":
