@@ -211,6 +211,7 @@ def bench_decode(presets: list[str], workdir: Path, rounds: int) -> None:
                 rates: dict[str, list[float]] = {m: [] for m in arms}
                 cpu: dict[str, list[float]] = {m: [] for m in arms}  # tokens per CPU-second
                 flops: dict[str, list[float]] = {m: [] for m in arms}
+                cpu_flops: dict[str, list[float]] = {m: [] for m in arms}
                 for _ in range(rounds):
                     for mode, arm in arms.items():
                         cpu_start = time.process_time()
@@ -221,6 +222,7 @@ def bench_decode(presets: list[str], workdir: Path, rounds: int) -> None:
                         rates[mode].append(len(pos) / secs)
                         cpu[mode].append(len(pos) / cpu_secs)
                         flops[mode].append(forward_flops(model, pos) / secs / 1e9)
+                        cpu_flops[mode].append(forward_flops(model, pos) / cpu_secs / 1e9)
                 ratio = statistics.median(s / h for s, h in zip(rates["static"], rates["hf"]))
                 ratio_cpu = statistics.median(s / h for s, h in zip(cpu["static"], cpu["hf"]))
                 mfu = {m: statistics.median(f) / peaks[dtype] for m, f in flops.items()}
@@ -230,6 +232,9 @@ def bench_decode(presets: list[str], workdir: Path, rounds: int) -> None:
                       f"{mfu['hf']:8.0%}{mfu['static']:8.0%}", flush=True)
                 if preset == "llama-small" and batch == 256 and new == 32:
                     small_256[dtype] = mfu["static"]
+                    print(f"{'':12s}GFLOP per CPU-second of this process: generate "
+                          f"{statistics.median(cpu_flops['hf']):.1f}, static "
+                          f"{statistics.median(cpu_flops['static']):.1f}")
     if small_256:
         met = small_256.get("fp32", 0) >= 0.6 or small_256.get("bf16", 0) >= 0.4
         print(f"\nllama-small, batch 256, 32 new tokens, static decode: MFU "

@@ -74,6 +74,16 @@ def sample(probs: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[1] - 1).squeeze(1)
 
 
+def _prefill_mask(valid: torch.Tensor) -> torch.Tensor:
+    """[b, W] valid prompt keys -> [b, 1, W, W] causal attention mask over them. A pad query also
+    sees itself, so no row is empty: an empty row is NaN in SDPA, and NaN in a masked value
+    still poisons the matmul."""
+    width = valid.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=valid.device).tril()
+    eye = torch.eye(width, dtype=torch.bool, device=valid.device)
+    return ((causal & valid[:, None, :]) | eye)[:, None]
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -131,26 +141,19 @@ class StaticDecoder:
                                   enabled=self.autocast_dtype is not None)
         kv_dtype = self.autocast_dtype or inner.embed_tokens.weight.dtype
         plan = self._plan(kv_dtype)
-        caches = [
-            (torch.empty(batch, self.n_kv, width + steps, self.head_dim, dtype=kv_dtype,
-                         device=device),
-             torch.empty(batch, self.n_kv, width + steps, self.head_dim, dtype=kv_dtype,
-                         device=device)) for _ in inner.layers]
+        caches = [tuple(torch.empty(batch, self.n_kv, width + steps, self.head_dim,
+                                    dtype=kv_dtype, device=device) for _ in "kv")
+                  for _ in inner.layers]
         valid = torch.ones(batch, width + steps, dtype=torch.bool, device=device)
-        valid[:, :width] = mask.bool()
+        valid[:, :width] = mask.bool()  # keys a row may attend to
         pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        # Prefill: causal over valid keys; a pad query also sees itself, so no row of the mask is
-        # empty (an empty row is NaN in SDPA, and NaN in a masked value still poisons the matmul).
-        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-        attend = (causal & valid[:, None, :width]) | torch.eye(width, dtype=torch.bool,
-                                                                 device=device)
         out = torch.full((batch, steps), self.pad_id, dtype=torch.long, device=device)
         logps = torch.zeros(batch, steps, dtype=torch.float32, device=device)
         rows = torch.arange(batch, device=device)  # full-batch index of each active row
-        with autocast:
-            logits = self._forward(plan, caches, ids, pos, 0, attend[:, None])
-        pos = pos[:, -1:]
         alive = torch.ones(batch, dtype=torch.bool, device=device)
+        with autocast:
+            logits = self._forward(plan, caches, ids, pos, 0, _prefill_mask(valid[:, :width]))
+        pos = pos[:, -1:]
         for t in range(steps):
             token, logp = self._sample(logits, sampling)
             token = token.masked_fill(~alive, self.pad_id)  # finished rows emit pad
@@ -161,9 +164,7 @@ class StaticDecoder:
                 streamer.put(out[:, t].cpu())
             n_alive = int(alive.sum())
             if n_alive == 0 or t == steps - 1:
-                if streamer is not None:
-                    streamer.end()
-                return out[:, :t + 1], logps[:, :t + 1]
+                break
             if len(rows) - n_alive >= max(1, int(COMPACT_FRACTION * len(rows))):
                 rows, token, pos, valid = rows[alive], token[alive], pos[alive], valid[alive]
                 caches = [(k[alive], v[alive]) for k, v in caches]
@@ -172,7 +173,9 @@ class StaticDecoder:
             with autocast:
                 logits = self._forward(plan, caches, token[:, None], pos, width + t,
                                        valid[:, None, None, :width + t + 1])
-        raise AssertionError("unreachable: the last step returns")
+        if streamer is not None:
+            streamer.end()
+        return out[:, :t + 1], logps[:, :t + 1]
 
     def _sample(self, logits: torch.Tensor, s: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
         """Next token and its log-prob under the temperature-scaled distribution. [b,V]->[b],[b]."""
