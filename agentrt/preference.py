@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from agentrt.algos import PreferenceIndex, sequence_logps
+from agentrt.algos.preference import TIE
 from agentrt.config import DataConfig
 from agentrt.engine import HybridEngine
 from agentrt.steps import chunks
@@ -289,7 +290,8 @@ def preference_eval(engine: HybridEngine, examples: list[PreferenceExample]) -> 
             for j, rj in enumerate(ex.ranks):
                 if ri < rj:
                     d = r[i] - r[j]
-                    correct += 1.0 if d > 0 else 0.5 if d == 0 else 0.0
+                    tie = abs(engine.algo.beta * d) <= TIE
+                    correct += 0.5 if tie else 1.0 if d > 0 else 0.0
                     likelihood += float(lps[i] > lps[j])
                     margin += engine.algo.beta * d
                     n += 1

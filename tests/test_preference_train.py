@@ -69,7 +69,8 @@ def test_dpo_on_arithmetic_preferences_learns_held_out_pairs(tmp_path, tiny_mode
     # of 64 and moves by noise (it failed here on 2026-12-03 going 3/64 -> 2/64 while every
     # preference figure improved). The held-out margin grows with training instead.
     margins = [r["eval/pref_margin"] for r in log if "eval/pref_margin" in r]
-    assert margins[0] == 0.0 < margins[1] < margins[-1], margins
+    # policy == reference at step 0, to float32 rounding (packed rows differ in the last bits)
+    assert abs(margins[0]) < 1e-6 and 0.0 < margins[1] < margins[-1], margins
     assert end["pref/margin"] > 0 and end["pref/chosen_reward"] > end["pref/rejected_reward"]
 
 

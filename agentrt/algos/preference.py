@@ -120,11 +120,17 @@ def group_mean(values: torch.Tensor, groups: torch.Tensor, num_groups: int) -> t
     return total / count.clamp_min(1.0)
 
 
+# Implicit-reward differences within this are a tie: the same sequence's log-probs computed in
+# different rows (packed with other sequences, agentrt.packing) differ by float32 rounding.
+TIE = 1e-4
+
+
 def preference_metrics(log_ratio: torch.Tensor, index: PreferenceIndex, beta: float
                        ) -> dict[str, float]:
     """pref/ metrics from log-ratios [N]: implicit rewards, margin, accuracy, log-ratio (KL).
 
-    Accuracy counts a tie as half right, so a policy equal to its reference scores 0.5.
+    Accuracy counts a tie (within :data:`TIE`) as half right, so a policy equal to its reference
+    scores 0.5.
     ``pref/kl`` is the mean sequence log-ratio log pi/pi_ref: a KL estimate when the responses
     are the policy's own samples (online), the log-ratio on the data otherwise.
     """
@@ -135,7 +141,8 @@ def preference_metrics(log_ratio: torch.Tensor, index: PreferenceIndex, beta: fl
         out["pref/chosen_reward"] = float(rc.mean())
         out["pref/rejected_reward"] = float(rl.mean())
         out["pref/margin"] = float((rc - rl).mean())
-        out["pref/accuracy"] = float(((rc > rl).float() + 0.5 * (rc == rl).float()).mean())
+        d = rc - rl
+        out["pref/accuracy"] = float(((d > TIE).float() + 0.5 * (d.abs() <= TIE).float()).mean())
     else:
         good = index.desirable > 0
         if good.any():
