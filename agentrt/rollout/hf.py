@@ -4,8 +4,8 @@ The hybrid engine serves its trainable module through this class, so rollout see
 with no copy; frozen snapshots (league opponents) wrap their own frozen module the same way.
 Llama-type models decode with :class:`~agentrt.rollout.static.StaticDecoder` (a pre-allocated KV
 cache, sampling and log-probs on tensors, finished rows dropped); other models, or
-``decode="hf"``, use ``model.generate``. Both give the same tokens and log-probs (see
-docs/rollout.md).
+``decode="hf"``, use ``model.generate``. Both give the same greedy tokens and the same log-probs;
+sampled tokens follow the same distribution from another random stream (docs/rollout.md).
 """
 
 from __future__ import annotations
