@@ -122,9 +122,12 @@ def test_sampling_distribution_matches_transformers_warpers(tmp_path):
     expected = scores.softmax(-1)[0]
     support = expected > 0
     assert 3 <= int(support.sum()) < 30
+    rollout = HFRollout(model, tokenizer, sampling, batch_size=n, decode="static")
     torch.manual_seed(0)
-    out = HFRollout(model, tokenizer, sampling, batch_size=n, decode="static").generate(
-        [prompt] * n)
+    out = rollout.generate([prompt] * n)
+    torch.manual_seed(0)
+    assert [c.response_ids for c in rollout.generate([prompt] * n)] == [
+        c.response_ids for c in out]  # the same seed draws the same tokens
     counts = torch.bincount(torch.tensor([c.response_ids[0] for c in out]),
                             minlength=len(expected)).double()
     assert counts[~support].sum() == 0
