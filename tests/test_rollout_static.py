@@ -67,6 +67,15 @@ def test_greedy_tokens_and_eos_equal_generate(tiny):
         c.response_ids[-1] == eos for c in b if c.finished)
 
 
+def test_grouped_query_attention_equals_generate(tmp_path):
+    """Two query heads per key/value head (the presets have one; real Llamas have several)."""
+    model, tokenizer = load_model(build_model(tmp_path / "gqa", "llama-nano", hidden_size=128,
+                                              num_attention_heads=4, num_key_value_heads=2))
+    hf, static = _pair(model.eval(), tokenizer)
+    prompts = _prompts(8, seed=5)
+    _same(hf.generate(prompts), static.generate(prompts), atol=1e-5)
+
+
 def test_bf16_greedy_equals_generate_under_autocast(tiny):
     model, tokenizer = tiny
     prompts = _prompts(8, seed=1)
