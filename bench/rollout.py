@@ -4,14 +4,13 @@
 (``rollout.decode: hf``) over the same module, interleaved: for llama-tiny and llama-small, batch
 64 and 256, 6 and 32 new tokens, fp32 and bf16 autocast, the tokens/s of both, their ratio (median
 of the per-round ratios; "cpu": the same in tokens per CPU-second of this process, which other
-load on the machine disturbs less), and rollout MFU against fp32 and bf16 matmul peaks measured in the same
-run (bench/mfu.py's GEMM peak and FLOP count: linear layers + attention of the generated tokens;
-prefill not counted; against the peak of the row's dtype). Prompts: 16 random tokens; T = 1,
-no top-k/top-p.
+load on the machine disturbs less), and rollout MFU against the fp32 or bf16 matmul peak measured
+in the same run (bench/mfu.py's GEMM peak and FLOP count: linear layers + attention of the
+generated tokens; prefill not counted). Prompts: 16 random tokens; T = 1, no top-k/top-p.
 
-Without ``--decode``: for each model size (llama-tiny and llama-small by default) it builds the model, starts the HF
-backend (a HybridEngine: ``model.generate``) and a vLLM engine over the same weights, warms both
-up, then reports
+Without ``--decode``: for each model size (llama-tiny and llama-small by default) it builds the
+model, starts the HF backend (a HybridEngine: ``rollout.decode`` auto, the static loop on these
+models) and a vLLM engine over the same weights, warms both up, then reports
 
 * tokens/s (generated tokens per second of wall time) of both on
   (a) a uniform batch: 64 prompts of 32 tokens, 32 new tokens each, sampled at T = 1;

@@ -14,7 +14,8 @@ all apply as in ``generate``; only attention and the cache are its own. Models i
 
 Semantics are ``generate``'s: left padding, position ids counted over the attention mask, greedy
 at temperature 0, else temperature, top-k and top-p applied like transformers' warpers, rows that
-emitted eos emit pad afterwards, streamer ``put`` gets the prompt ids, then one id per row per step.
+emitted eos emit pad afterwards, streamer ``put`` gets the prompt ids, then one id per row per
+step, then ``end`` is called.
 """
 
 from __future__ import annotations
@@ -189,8 +190,9 @@ class StaticDecoder:
         logp = scaled.gather(-1, token[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
         return token, logp
 
-    def _forward(self, plan: Plan, caches: list[tuple[torch.Tensor, torch.Tensor]], tokens: torch.Tensor, pos: torch.Tensor, start: int,
-                 attend: torch.Tensor) -> torch.Tensor:
+    def _forward(self, plan: Plan, caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 tokens: torch.Tensor, pos: torch.Tensor, start: int, attend: torch.Tensor
+                 ) -> torch.Tensor:
         """Logits of the last position [b, V]; writes the new keys/values at ``start``.
 
         ``tokens``/``pos`` [b, s]; ``attend`` [b, 1, s, start + s] (True: may attend)."""
@@ -223,11 +225,14 @@ class StaticDecoder:
         """Per layer the q/k/v, o, gate/up and down projections as this call computes them, and
         the LM head."""
         base = base_model(self.model)
-        return [(Projection([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj], dtype),
-                 Projection([l.self_attn.o_proj], dtype),
-                 Projection([l.mlp.gate_proj, l.mlp.up_proj], dtype),
-                 Projection([l.mlp.down_proj], dtype)) for l in base.model.layers
-                ], Projection([base.lm_head], dtype)
+        layers = []
+        for layer in base.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            layers.append((Projection([attn.q_proj, attn.k_proj, attn.v_proj], dtype),
+                           Projection([attn.o_proj], dtype),
+                           Projection([mlp.gate_proj, mlp.up_proj], dtype),
+                           Projection([mlp.down_proj], dtype)))
+        return layers, Projection([base.lm_head], dtype)
 
 
 class Projection:
