@@ -78,10 +78,15 @@ class SignalTest(ConfigModel):
                              "(0.1 moderate, 0.25 a significant shift, by the usual rule).")
     alpha: float = Field(1e-3, gt=0.0, lt=1.0, description="ks, centroid: flag a step when "
                          "p < alpha (centroid's smallest p is 1/1001).")
+    min_change: float = Field(0.0, ge=0.0, description="psi, ks: flag a step only when the "
+                              "recent mean also differs from the reference mean by more than "
+                              "this fraction of it (an effect size on top of the test; 0: off).")
 
 
 def _default_signals() -> dict[str, SignalTest]:
-    return {"response_length": SignalTest(test="psi"), "token_entropy": SignalTest(),
+    """All four; length and entropy with an effect size too (why: docs/drift.md, Figures)."""
+    return {"response_length": SignalTest(test="psi", min_change=0.2),
+            "token_entropy": SignalTest(min_change=0.1),
             "topic": SignalTest(test="centroid"), "reward": SignalTest(test="psi")}
 
 
@@ -97,8 +102,8 @@ class DriftConfig(ConfigModel):
         "before the recent window (slow change while learning is not drift); 'fixed': the "
         "first reference_steps steps after warm-up.")
     warmup_steps: int = Field(0, ge=0, description="Steps skipped before the reference window.")
-    reference_steps: int = Field(30, gt=0, description="Steps in the reference window.")
-    window_steps: int = Field(10, gt=0, description="Recent steps compared with the reference.")
+    reference_steps: int = Field(20, gt=0, description="Steps in the reference window.")
+    window_steps: int = Field(6, gt=0, description="Recent steps compared with the reference.")
     patience: int = Field(3, gt=0, description="Flagged steps in a row that make an alert.")
     action: Literal["log", "pause", "rollback", "retrain"] = Field(
         "log", description="On an alert: log it; pause the run; roll the policies back to the "
@@ -175,12 +180,16 @@ def ks_2samp(reference: np.ndarray, current: np.ndarray) -> tuple[float, float]:
 
 def compare(test: SignalTest, reference: np.ndarray, current: np.ndarray
             ) -> tuple[float, bool]:
-    """(statistic, flagged) of one signal: PSI or the KS distance D."""
+    """(statistic, flagged) of one signal: PSI or the KS distance D; flagged only if the mean
+    moved by more than ``min_change`` of the reference's too."""
+    ref_mean = float(np.mean(reference))
+    moved = (test.min_change == 0.0
+             or abs(float(np.mean(current)) - ref_mean) > test.min_change * abs(ref_mean))
     if test.test == "psi":
         stat = psi(reference, current, test.bins)
-        return stat, stat > test.threshold
+        return stat, moved and stat > test.threshold
     d, p = ks_2samp(reference, current)
-    return d, p < test.alpha
+    return d, moved and p < test.alpha
 
 
 # ---------------------------------------------------------------------- samples
@@ -238,6 +247,7 @@ class DriftMonitor:
         self.events = Path(run_dir) / EVENTS
         self.decode = decode
         self._embedder: Any = None
+        self._vectors: dict[str, np.ndarray] = {}  # text -> embedding
         self.alert: dict[str, Any] | None = None  # the alert of the last observed step
         self.clean: list[int] = []  # steps of checkpoints written with no flag open (kept)
         self.kept: list[int] = []  # checkpoints rolled back to: named in events, never pruned
@@ -255,11 +265,17 @@ class DriftMonitor:
         self.since: dict[str, int] = {}
 
     def _embed(self, texts: list[str]) -> np.ndarray:
+        """[len(texts), d]; each distinct text is embedded once (short answers repeat a lot)."""
         if self._embedder is None:
             from agentrt.memory.embedders import build_embedder
 
             self._embedder = build_embedder(self.cfg.embedder)
-        return self._embedder.encode(texts)
+        if len(self._vectors) > 100_000:  # a bound on memory
+            self._vectors.clear()
+        new = sorted(set(texts) - self._vectors.keys())
+        if new:
+            self._vectors.update(zip(new, np.asarray(self._embedder.encode(new), np.float32)))
+        return np.stack([self._vectors[t] for t in texts])
 
     def _add(self, entry: dict[str, Any]) -> None:
         """Into the recent window; the entry it pushes out joins the reference (a fixed
