@@ -128,3 +128,31 @@ def test_bad_async_config(override, field):
     data = {"train": {"async_rollout": {"enabled": True}}, **override}
     with pytest.raises(ConfigError, match=field):
         validate_config(data)
+
+
+def test_samples_beyond_the_bound_are_generated_again(tmp_path, nano_dir):
+    """Two updates while a rollout is in flight put its samples 2 versions behind: over
+    max_staleness 1, so the step's prompts are played again by the live weights."""
+    trainer = Trainer(config(tmp_path / "d", nano_dir))
+    ctl, work = trainer.controller, trainer.workload
+    try:
+        work.start(ctl)
+        ctl.prefetch.start(ctl)
+        before = work.source.state_dict()
+        ctl.prefetch.launch(ctl, work, 1)
+        pool = ctl.pool_of(work.pid)
+        extra = ctl.play(work, work.specs(work.source.next(4), group=True)).trajectories
+        for t in extra:
+            t.turns[-1].reward = float(len(t.turns[-1].response_ids) % 2)
+        pool.train(extra)
+        pool.train(extra)
+        played, metrics = ctl.prefetch.rollout(ctl, work, 1)
+        assert metrics["async/dropped_stale"] == 16.0 and metrics["rollout/staleness"] == 0.0
+        assert {t.policy_version for t in played.trajectories} == {pool.version} == {2}
+        work.source.load_state_dict(before)  # the prompts the launch drew
+        launched = [ex.prompt for ex in work.source.next(4) for _ in range(4)]
+        assert sorted(t.info["final_info"]["prompt"] for t in played.trajectories) == sorted(
+            launched)
+    finally:
+        work.close()
+        ctl.shutdown()
