@@ -64,7 +64,8 @@ class _InFlight:
 
 
 class AsyncRollout:
-    """The next step's rollout in a thread of its own, on copies of the learners' weights.
+    """The next step's rollout beside this step's update: episodes in a thread of their own,
+    generation in the learners' rollout copies (a process each, :class:`RolloutCopy`).
 
     Args:
         cfg: ``train.async_rollout``.
