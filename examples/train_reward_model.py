@@ -2,19 +2,33 @@
 (one scalar head) that prefers the right answer, saved as a Hugging Face folder for
 ``reward: {model: FOLDER}``.
 
-    python examples/train_reward_model.py --out runs/arith_rm            # llama-tiny, 2-digit +
+    python examples/train_reward_model.py --out runs/arith_rm --init runs/arith_sft/final_model \\
+        --policy runs/arith_sft/final_model
     python examples/train_reward_model.py --out rm --steps 50 --preset llama-nano --digits 1
 
-Data: prompts of the task's *training* split (the same generator and seed as
-examples/arith_grpo.yaml, so the GRPO run's held-out prompts are never seen), each with its
-right answer and a wrong one: near misses (off by 1, 2, 10, ...; a digit changed, digits
-swapped, one digit dropped or added) and some malformed replies (letters, empty).
+Data: distinct prompts of the task's *training* split (the same generator and seed as
+examples/arith_grpo.yaml, so the GRPO run's held-out prompts are never seen); ``--heldout``
+of them are kept apart to measure the reward model. Each prompt's right answer is paired with
+wrong ones of two sources, in equal shares:
 
-Training: first ``--lm-steps`` of next-token training on right answers (a reward model starts
-from a model of the task, as RLHF reward models start from the SFT model: a classifier trained
-from random weights on pairs alone learns the surface of answers, not the sums), then the
-Bradley-Terry loss ``-log sigmoid(r(prompt, right) - r(prompt, wrong))`` on a scalar head.
-Reported: accuracy on held-out pairs built from the task's eval split.
+* hard negatives, one kind per pair, kinds drawn uniformly (:data:`NEGATIVES`): off by 1, off
+  by 10, off by a few, a digit changed, two digits swapped, one dropped or added, the sign
+  flipped, the right answer followed by junk or repeated, truncated, empty;
+* on-policy negatives: ``--policy-samples`` replies to each of ``--policy-prompts`` prompts
+  sampled (temperature 1) from ``--policy``, the SFT model GRPO starts from, those that exact match marks wrong: the
+  distribution the reward model will score.
+
+Model: the backbone of ``--init`` (a causal-LM folder: the policy's SFT model, as RLHF reward
+models start from the SFT model) or a fresh ``--preset``, first trained ``--lm-steps`` more
+steps of next-token loss on right answers (a classifier trained on pairs alone learns the
+surface of answers, not the sums: it must be able to add to tell 57 from 58), then
+``--extra-layers`` decoder layers on top that start as the identity (the backbone predicts
+each digit at the position before it; comparing that with the digit written takes layers
+after it), then a fresh scalar head, all trained with ``--loss bt`` (Bradley-Terry, ``-log sigmoid(r(right) - r(wrong))``)
+or ``--loss bce`` (pointwise: right -> 1, wrong -> 0 on the same logit).
+
+Reported (and written to ``OUT/reward_model.json``): on the held-out prompts, the share of
+pairs ranked right per negative kind, and against the policy's own wrong samples.
 """
 
 from __future__ import annotations
@@ -24,43 +38,131 @@ import json
 import random
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
+from agentrt.rewards import exact_match
 from agentrt.rewards.model import encode
-from agentrt.tasks import make_splits
+from agentrt.tasks import Example, encode_prompt, make_splits
+
+MAX_LENGTH = 64
 
 
-def wrong_answer(answer: str, rng: random.Random) -> str:
-    """A plausible wrong reply to a question whose right reply is ``answer``."""
-    value = int(answer)
-    kind = rng.random()
-    if kind < 0.45:
-        out = str(max(0, value + rng.choice([-1, 1, -2, 2, -10, 10, -20, 20, -11, 11, 9, -9])))
-    elif kind < 0.65:  # one digit changed
-        i = rng.randrange(len(answer))
-        out = answer[:i] + str((int(answer[i]) + rng.randint(1, 9)) % 10) + answer[i + 1:]
-    elif kind < 0.75 and len(answer) > 1:  # digits swapped, dropped
-        out = answer[::-1] if rng.random() < 0.5 else answer[:-1]
-    elif kind < 0.85:  # a digit added
-        out = answer + str(rng.randint(0, 9))
-    else:  # malformed
-        out = "".join(rng.choice("0123456789+= x") for _ in range(rng.randint(0, 4)))
-    return out if out.strip() != answer else str(value + 1)
+def _digits(a: str) -> list[int]:
+    """Positions of the digits of ``a`` (not its sign)."""
+    return [i for i, c in enumerate(a) if c.isdigit()]
 
 
-def pairs(examples: list[Any], rng: random.Random) -> list[tuple[str, str, str]]:
-    """(prompt, right, wrong) per example."""
-    return [(ex.prompt, ex.answer, wrong_answer(ex.answer, rng)) for ex in examples]
+def _digit_changed(a: str, rng: random.Random) -> str:
+    i = rng.choice(_digits(a))
+    return a[:i] + str((int(a[i]) + rng.randint(1, 9)) % 10) + a[i + 1:]
+
+
+def _digits_swapped(a: str, rng: random.Random) -> str:
+    spots = [i for i in _digits(a)[:-1] if a[i + 1] != a[i]]
+    if not spots:
+        return _digit_changed(a, rng)
+    i = rng.choice(spots)
+    return a[:i] + a[i + 1] + a[i] + a[i + 2:]
+
+
+def _digit_dropped(a: str, rng: random.Random) -> str:
+    i = rng.choice(_digits(a))
+    return a[:i] + a[i + 1:]
+
+
+def _digit_added(a: str, rng: random.Random) -> str:
+    i = rng.choice([*_digits(a), len(a)])
+    return a[:i] + str(rng.randint(0, 9)) + a[i:]
+
+
+def _junk(rng: random.Random) -> str:
+    return "".join(rng.choice("0123456789+=- x") for _ in range(rng.randint(1, 3)))
+
+
+#: Kinds of hard negative: ``kind(answer, rng) -> a wrong reply`` (may equal ``answer`` by
+#: chance; :func:`negative` redraws then).
+NEGATIVES: dict[str, Callable[[str, random.Random], str]] = {
+    "off_by_1": lambda a, rng: str(int(a) + rng.choice([-1, 1])),
+    "off_by_10": lambda a, rng: str(int(a) + rng.choice([-10, 10])),
+    "off_by_few": lambda a, rng: str(int(a) + rng.choice([-1, 1]) * rng.choice(
+        [2, 3, 4, 5, 9, 11, 20, 100])),
+    "digit_changed": _digit_changed,
+    "digits_swapped": _digits_swapped,
+    "digit_dropped": _digit_dropped,
+    "digit_added": _digit_added,
+    "sign": lambda a, rng: a[1:] if a.startswith("-") else "-" + a,
+    "junk_after": lambda a, rng: a + _junk(rng),
+    "repeated": lambda a, rng: a + a,
+    "truncated": lambda a, rng: a[:rng.randrange(len(a))],
+    "empty": lambda a, rng: rng.choice(["", " ", "="]),
+}
+
+
+def negative(kind: str, answer: str, rng: random.Random) -> str:
+    """A wrong reply of ``kind`` to a question whose right reply is ``answer``."""
+    for _ in range(20):
+        out = NEGATIVES[kind](answer, rng)
+        if out.strip() != answer:
+            return out
+    return answer + "0"
+
+
+def _prompts(tokenizer: Any, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids and attention mask [B, T], as the rollout feeds them."""
+    rows = [encode_prompt(tokenizer, p) for p in prompts]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+@torch.no_grad()
+def policy_samples(folder: str | Path, prompts: list[str], k: int, seed: int,
+                   max_new_tokens: int = 6, batch_size: int = 512) -> list[list[str]]:
+    """``k`` replies per prompt sampled at temperature 1 from the causal LM in ``folder``,
+    decoded as the rollout decodes them (special tokens dropped)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    lm = AutoModelForCausalLM.from_pretrained(folder).eval()
+    torch.manual_seed(seed)
+    out: list[list[str]] = []
+    for i in range(0, len(prompts), batch_size):
+        ids, mask = _prompts(tokenizer, prompts[i:i + batch_size])
+        width = ids.shape[1]
+        gen = lm.generate(input_ids=ids.repeat_interleave(k, 0),
+                          attention_mask=mask.repeat_interleave(k, 0), do_sample=True,
+                          temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                          pad_token_id=tokenizer.pad_token_id)
+        texts = tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
+        out += [texts[j:j + k] for j in range(0, len(texts), k)]
+    return out
+
+
+def policy_negatives(folder: str | Path | None, examples: list[Example], k: int,
+                     seed: int, limit: int | None = None) -> list[list[str]]:
+    """Per example, the distinct sampled replies that exact match marks wrong (sampled for
+    the first ``limit`` examples only; none for the rest)."""
+    if folder is None or k == 0:
+        return [[] for _ in examples]
+    sampled = examples[:limit]
+    samples = policy_samples(folder, [ex.prompt for ex in sampled], k, seed)
+    wrong = [sorted({s for s in group if not exact_match(ex.prompt, s, ex.info)})
+             for ex, group in zip(sampled, samples)]
+    return wrong + [[] for _ in examples[len(sampled):]]
 
 
 def build_classifier(preset: str, seed: int, init: str | None, lm_steps: int, lr: float,
-                     batch_size: int, train_set: list[Any]) -> tuple[Any, Any]:
+                     batch_size: int, train_set: list[Example], extra_layers: int,
+                     heldout_set: list[Example]) -> tuple[Any, Any, float]:
     """A 1-label LlamaForSequenceClassification with the byte tokenizer of agentrt's presets:
     its backbone from ``init`` (a causal-LM folder) or a fresh ``preset`` model, first trained
-    ``lm_steps`` steps on ``prompt + answer + eos``; a fresh scalar head."""
+    ``lm_steps`` steps on ``prompt + answer + eos``, then ``extra_layers`` more decoder layers
+    on top that start as the identity, and a fresh scalar head. Also returns the backbone's
+    greedy exact match on ``heldout_set`` (how well it adds)."""
     from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig,
                               LlamaForSequenceClassification)
 
@@ -69,29 +171,48 @@ def build_classifier(preset: str, seed: int, init: str | None, lm_steps: int, lr
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(init) if init else build_model(Path(tmp) / "base", preset, seed=seed)
         tokenizer = AutoTokenizer.from_pretrained(folder)
+        lm = AutoModelForCausalLM.from_pretrained(folder)
         if lm_steps:
-            lm = AutoModelForCausalLM.from_pretrained(folder)
             language_model(lm, tokenizer, train_set, lm_steps, lr, batch_size, seed)
             folder = Path(tmp) / "lm"
             lm.save_pretrained(folder)
+        adds = greedy_accuracy(lm, tokenizer, heldout_set)
         config = LlamaConfig.from_pretrained(folder, num_labels=1,
                                              pad_token_id=tokenizer.pad_token_id)
+        depth = config.num_hidden_layers
+        config.num_hidden_layers = depth + extra_layers
         torch.manual_seed(seed)
         model = LlamaForSequenceClassification.from_pretrained(folder, config=config)
-    return model, tokenizer
+    with torch.no_grad():  # the new layers add nothing to the residual stream at first
+        for layer in model.model.layers[depth:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return model, tokenizer, adds
 
 
-def language_model(lm: Any, tokenizer: Any, train_set: list[Any], steps: int, lr: float,
+@torch.no_grad()
+def greedy_accuracy(lm: Any, tokenizer: Any, examples: list[Example]) -> float:
+    """Greedy exact match of a causal LM on ``examples`` (6 new tokens at most)."""
+    lm.eval()
+    ids, mask = _prompts(tokenizer, [ex.prompt for ex in examples])
+    width = ids.shape[1]
+    gen = lm.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=6,
+                      pad_token_id=tokenizer.pad_token_id)
+    texts = tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
+    return sum(exact_match(ex.prompt, t, ex.info) for ex, t in zip(examples, texts)) / len(texts)
+
+
+def language_model(lm: Any, tokenizer: Any, train_set: list[Example], steps: int, lr: float,
                    batch_size: int, seed: int) -> None:
     """Next-token training on the answers (loss on the answer and eos only)."""
     rng = random.Random(seed + 2)
     opt = torch.optim.AdamW(lm.parameters(), lr=lr)
+    sched = _schedule(opt, steps)
     lm.train()
     for _ in range(steps):
         rows, labels = [], []
         for ex in rng.sample(train_set, min(batch_size, len(train_set))):
-            prompt = [tokenizer.bos_token_id] + tokenizer.encode(ex.prompt,
-                                                                 add_special_tokens=False)
+            prompt = encode_prompt(tokenizer, ex.prompt)
             answer = tokenizer.encode(ex.answer, add_special_tokens=False) + [
                 tokenizer.eos_token_id]
             rows.append(prompt + answer)
@@ -99,61 +220,138 @@ def language_model(lm: Any, tokenizer: Any, train_set: list[Any], steps: int, lr
         width = max(len(r) for r in rows)
         ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
         lab = torch.tensor([r + [-100] * (width - len(r)) for r in labels])
-        loss = lm(input_ids=ids, attention_mask=(lab != -100) | (ids != tokenizer.pad_token_id),
-                  labels=lab).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
-        opt.step()
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+        loss = lm(input_ids=ids, attention_mask=mask, labels=lab).loss
+        _update(opt, sched, lm, loss)
 
 
-def accuracy(model: Any, tokenizer: Any, data: list[tuple[str, str, str]]) -> float:
-    """Share of pairs where the right answer scores above the wrong one."""
+def _schedule(opt: torch.optim.Optimizer, steps: int) -> Any:
+    """Linear warm-up over 5% of the steps, then linear decay to 10%."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, steps // 20)) * max(0.1, 1 - s / steps))
+
+
+def _update(opt: torch.optim.Optimizer, sched: Any, model: Any, loss: torch.Tensor) -> None:
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+
+
+def draw_pairs(examples: list[Example], policy_wrong: list[list[str]], n: int,
+               rng: random.Random) -> list[tuple[str, str, str]]:
+    """``n`` (prompt, right, wrong) pairs: half of them of prompts with policy samples, a
+    policy sample as the wrong reply; the rest with a hard negative of a uniformly drawn kind."""
+    sampled = [i for i, wrong in enumerate(policy_wrong) if wrong]
+    out = []
+    for _ in range(n):
+        if sampled and rng.random() < 0.5:
+            i = rng.choice(sampled)
+            out.append((examples[i].prompt, examples[i].answer, rng.choice(policy_wrong[i])))
+        else:
+            ex = rng.choice(examples)
+            out.append((ex.prompt, ex.answer,
+                        negative(rng.choice(list(NEGATIVES)), ex.answer, rng)))
+    return out
+
+
+@torch.no_grad()
+def scores(model: Any, tokenizer: Any, prompts: list[str], responses: list[str],
+           batch_size: int = 512) -> torch.Tensor:
+    """[N] rewards (the scalar head's logit), in eval mode."""
+    was_training = model.training
     model.eval()
-    with torch.no_grad():
-        good = model(**encode(tokenizer, [p for p, _, _ in data], [r for _, r, _ in data],
-                              64)).logits[:, 0]
-        bad = model(**encode(tokenizer, [p for p, _, _ in data], [w for _, _, w in data],
-                             64)).logits[:, 0]
-    model.train()
-    return float((good > bad).float().mean())
+    out = [model(**encode(tokenizer, prompts[i:i + batch_size], responses[i:i + batch_size],
+                          MAX_LENGTH)).logits[:, 0]
+           for i in range(0, len(prompts), batch_size)]
+    model.train(was_training)
+    return torch.cat(out).float()
+
+
+def evaluate(model: Any, tokenizer: Any, examples: list[Example],
+             policy_wrong: list[list[str]], seed: int) -> dict[str, float]:
+    """Share of held-out pairs where the right answer scores above the wrong one, per
+    negative kind (one pair per prompt and kind), against every wrong policy sample
+    (``policy``), and over all of them (``all``)."""
+    rng = random.Random(seed)
+    rows: dict[str, list[tuple[str, str, str]]] = {
+        kind: [(ex.prompt, ex.answer, negative(kind, ex.answer, rng)) for ex in examples]
+        for kind in NEGATIVES}
+    rows["policy"] = [(ex.prompt, ex.answer, w) for ex, ws in zip(examples, policy_wrong)
+                      for w in ws]
+    flat = [r for kind_rows in rows.values() for r in kind_rows]
+    good = scores(model, tokenizer, [p for p, _, _ in flat], [r for _, r, _ in flat])
+    bad = scores(model, tokenizer, [p for p, _, _ in flat], [w for _, _, w in flat])
+    wins = (good > bad).float()
+    result, at = {}, 0
+    for kind, kind_rows in rows.items():
+        if kind_rows:
+            result[kind] = float(wins[at:at + len(kind_rows)].mean())
+        at += len(kind_rows)
+    result["all"] = float(wins.mean())
+    return result
+
+
+def split_prompts(train_set: list[Example], heldout: int,
+                  seed: int) -> tuple[list[Example], list[Example]]:
+    """(training, held-out) examples with distinct prompts, no prompt in both."""
+    unique = list({ex.prompt: ex for ex in train_set}.values())
+    random.Random(seed).shuffle(unique)
+    return unique[heldout:], unique[:heldout]
 
 
 def train(out: str | Path, preset: str = "llama-tiny", steps: int = 600, batch_size: int = 64,
           lr: float = 1e-3, seed: int = 0, digits: int = 2, ops: tuple[str, ...] = ("+",),
-          train_size: int = 20000, eval_size: int = 256, task_seed: int = 1234,
+          train_size: int = 20000, eval_size: int = 256, heldout: int = 256,
+          task_seed: int = 1234,
           init: str | None = None, lm_steps: int = 300, lm_lr: float = 1e-3,
-          log_every: int = 50) -> dict[str, float]:
-    """Trains and saves the reward model to ``out``. Returns the final loss and held-out
-    pair accuracy (also written to ``out/reward_model.json``)."""
+          policy: str | None = None, policy_samples_per_prompt: int = 4,
+          policy_prompts: int = 2000, loss: str = "bt", extra_layers: int = 0,
+          log_every: int = 50) -> dict[str, Any]:
+    """Trains and saves the reward model to ``out``. Returns the final loss and the held-out
+    pair accuracies (``heldout_accuracy``: over all pairs; ``heldout_by_kind``), also
+    written to ``out/reward_model.json``."""
+    if loss not in ("bt", "bce"):
+        raise ValueError(f"loss must be 'bt' or 'bce', got {loss!r}")
     rng = random.Random(seed)
     options = {"digits": digits, "ops": list(ops)}
-    train_set, eval_set = make_splits("arithmetic", options, train_size, eval_size, task_seed)
-    heldout = pairs(eval_set, random.Random(seed + 1))
-    model, tokenizer = build_classifier(preset, seed, init, lm_steps, lm_lr, batch_size,
-                                        train_set)
+    # the task's eval split is GRPO's held-out set: only the training split is used here
+    task_train, _ = make_splits("arithmetic", options, train_size, eval_size, task_seed)
+    train_set, heldout_set = split_prompts(task_train, heldout, seed + 1)
+    train_wrong = policy_negatives(policy, train_set, policy_samples_per_prompt, seed + 3,
+                                   policy_prompts)
+    heldout_wrong = policy_negatives(policy, heldout_set, policy_samples_per_prompt, seed + 4)
+    model, tokenizer, adds = build_classifier(preset, seed, init, lm_steps, lm_lr, batch_size,
+                                              train_set, extra_layers, heldout_set)
+    print(f"backbone greedy exact match on the held-out prompts: {adds:.3f}", flush=True)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, steps // 20)) * max(0.1, 1 - s / steps))
-    loss = torch.tensor(0.0)
+    sched = _schedule(opt, steps)
+    value = torch.tensor(0.0)
     for step in range(1, steps + 1):
-        batch = pairs(rng.sample(train_set, min(batch_size, len(train_set))), rng)
+        batch = draw_pairs(train_set, train_wrong, batch_size, rng)
         prompts = [p for p, _, _ in batch] * 2
         responses = [r for _, r, _ in batch] + [w for _, _, w in batch]
-        scores = model(**encode(tokenizer, prompts, responses, 64)).logits[:, 0]
-        good, bad = scores[:len(batch)], scores[len(batch):]
-        loss = -F.logsigmoid(good - bad).mean()  # Bradley-Terry
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        logits = model(**encode(tokenizer, prompts, responses, MAX_LENGTH)).logits[:, 0]
+        good, bad = logits[:len(batch)], logits[len(batch):]
+        if loss == "bt":
+            value = -F.logsigmoid(good - bad).mean()
+        else:  # pointwise, balanced: one right and one wrong reply per prompt
+            value = (F.softplus(-good) + F.softplus(bad)).mean()
+        _update(opt, sched, model, value)
         if log_every and step % log_every == 0:
-            print(f"step {step:5d}  loss {loss.item():.4f}  held-out pair accuracy "
-                  f"{accuracy(model, tokenizer, heldout):.3f}", flush=True)
-    result = {"loss": loss.item(), "heldout_accuracy": accuracy(model, tokenizer, heldout),
-              "steps": steps, "preset": preset, "digits": digits}
+            acc = evaluate(model, tokenizer, heldout_set, heldout_wrong, seed + 5)
+            print(f"step {step:5d}  loss {value.item():.4f}  held-out pair accuracy "
+                  f"{acc['all']:.3f}  off_by_1 {acc['off_by_1']:.3f}  policy "
+                  f"{acc.get('policy', float('nan')):.3f}", flush=True)
+    by_kind = evaluate(model, tokenizer, heldout_set, heldout_wrong, seed + 5)
+    result = {"loss": value.item(), "heldout_accuracy": by_kind["all"],
+              "heldout_by_kind": by_kind, "heldout_prompts": len(heldout_set),
+              "heldout_policy_pairs": sum(len(w) for w in heldout_wrong),
+              "backbone_exact_match": adds, "steps": steps, "lm_steps": lm_steps,
+              "extra_layers": extra_layers, "loss_kind": loss, "preset": preset,
+              "init": init, "policy": policy, "digits": digits}
     out = Path(out)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -164,19 +362,34 @@ def train(out: str | Path, preset: str = "llama-tiny", steps: int = 600, batch_s
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder to save the reward model to")
-    ap.add_argument("--preset", default="llama-tiny")
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--preset", default="llama-tiny", help="model preset when no --init")
+    ap.add_argument("--init", default=None, help="causal-LM folder to start the backbone from")
+    ap.add_argument("--policy", default=None,
+                    help="causal-LM folder (the policy GRPO starts from) to sample negatives of")
+    ap.add_argument("--policy-samples", type=int, default=4, help="samples per prompt")
+    ap.add_argument("--policy-prompts", type=int, default=2000,
+                    help="training prompts to sample the policy on")
+    ap.add_argument("--steps", type=int, default=600, help="pair training steps")
+    ap.add_argument("--batch-size", type=int, default=64, help="pairs per step")
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--digits", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--loss", choices=("bt", "bce"), default="bt")
     ap.add_argument("--lm-steps", type=int, default=300,
                     help="next-token steps on right answers before the pairs")
-    ap.add_argument("--init", default=None, help="causal-LM folder to start the backbone from")
+    ap.add_argument("--extra-layers", type=int, default=0,
+                    help="decoder layers added on top of the backbone (start as the identity)")
+    ap.add_argument("--digits", type=int, default=2)
+    ap.add_argument("--train-size", type=int, default=20000, help="task training examples")
+    ap.add_argument("--heldout", type=int, default=256, help="prompts kept apart to measure")
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     result = train(args.out, args.preset, args.steps, args.batch_size, args.lr, args.seed,
-                   args.digits, init=args.init, lm_steps=args.lm_steps)
-    print(f"saved {args.out}: held-out pair accuracy {result['heldout_accuracy']:.3f}")
+                   args.digits, train_size=args.train_size, heldout=args.heldout,
+                   init=args.init, lm_steps=args.lm_steps, policy=args.policy,
+                   policy_samples_per_prompt=args.policy_samples,
+                   policy_prompts=args.policy_prompts, loss=args.loss,
+                   extra_layers=args.extra_layers)
+    kinds = "  ".join(f"{k} {v:.3f}" for k, v in result["heldout_by_kind"].items())
+    print(f"saved {args.out}: held-out pair accuracy by kind: {kinds}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from agentrt.config import TrainConfig, validate_config
 from agentrt.errors import ConfigError
 from agentrt.guards import RunStopped
 from agentrt.rewards import Sample, build_executor, check_reward, parse_reward
+from agentrt.tasks import make_splits
 from agentrt.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,11 +235,26 @@ def test_reward_model_learns_to_prefer_right_answers_and_drives_grpo(tmp_path, n
                                                                      monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "examples"))
     import train_reward_model as rm
+
+    rng = random.Random(0)
+    for answer in ("0", "7", "10", "99", "118", "-5"):
+        for kind in rm.NEGATIVES:  # every hard negative is wrong by exact match
+            assert rm.negative(kind, answer, rng).strip() != answer, (kind, answer)
+    task_train, task_eval = make_splits("arithmetic", {"digits": 1}, 200, 20, 1234)
+    train, heldout = rm.split_prompts(task_train, 20, seed=1)
+    prompts = {ex.prompt for ex in train}
+    assert len(heldout) == 20 and not prompts & {ex.prompt for ex in heldout}
+    assert not (prompts | {ex.prompt for ex in heldout}) & {ex.prompt for ex in task_eval}
     folder = tmp_path / "rm"
-    # 1-digit sums: 60 training prompts, pairs of the 40 held-out ones (seeded, deterministic)
+    # 1-digit sums; on-policy negatives sampled from nano_dir (seeded, deterministic)
     result = rm.train(folder, preset="llama-nano", steps=100, batch_size=32, lr=3e-3, seed=0,
-                      digits=1, train_size=60, eval_size=40, lm_steps=0, log_every=0)
-    assert result["heldout_accuracy"] >= 0.7 and result["loss"] < 0.4, result
+                      digits=1, train_size=200, eval_size=20, heldout=20, lm_steps=0,
+                      policy=str(nano_dir), policy_samples_per_prompt=2, extra_layers=1,
+                      log_every=0)
+    by_kind = result["heldout_by_kind"]
+    assert set(by_kind) == {*rm.NEGATIVES, "policy", "all"}, by_kind
+    assert result["heldout_policy_pairs"] > 0 and by_kind["policy"] >= 0.9, result
+    assert result["heldout_accuracy"] >= 0.7 and result["loss"] < 0.5, result
     executor = build_executor(parse_reward({"model": str(folder)}))
     values, errors, metrics = executor.score_batch([
         Sample("a", "3+4=", "7", {}), Sample("b", "3+4=", "x+", {})])
