@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-import time
 
 import pytest
 import torch
@@ -67,13 +66,13 @@ def test_a_new_thread_takes_the_process_count_only_when_it_applies_it(restore_th
 @pytest.mark.parametrize("slow", [1, 2])
 def test_tuner_keeps_the_faster_count(restore_threads, slow):
     """A probe that is slow on one thread count (as a contended core makes it) is not run there."""
-    timed = []
+    timed, now = [], [0.0]
 
-    def piece():
+    def piece():  # costs 30 units on the slow count, 1 on the other, whatever the machine does
         timed.append(torch.get_num_threads())
-        time.sleep(0.03 if torch.get_num_threads() == slow else 0.001)
+        now[0] += 30 if torch.get_num_threads() == slow else 1
 
-    tuner = ThreadTuner([piece] * 4, cpus=2, every=5, rounds=2)
+    tuner = ThreadTuner([piece] * 4, cpus=2, every=5, rounds=2, clock=lambda: now[0])
     assert tuner.tune() == 3 - slow
     assert torch.get_num_threads() == 3 - slow
     assert tuner.last[slow] > tuner.last[3 - slow]
@@ -85,9 +84,15 @@ def test_tuner_keeps_the_faster_count(restore_threads, slow):
     assert (tuner.gap, tuner.next_at) == (10, 15)
 
 
-def test_ties_keep_fewer_threads(restore_threads):
-    tuner = ThreadTuner([lambda: time.sleep(0.01)], cpus=2, rounds=1)
-    assert tuner.tune() == 1
+@pytest.mark.parametrize("cost_of_2", [1.0, 0.95, 0.85])
+def test_fewer_threads_unless_more_are_faster_by_the_margin(restore_threads, cost_of_2):
+    now = [0.0]
+
+    def piece():
+        now[0] += cost_of_2 if torch.get_num_threads() == 2 else 1.0
+
+    tuner = ThreadTuner([piece], cpus=2, rounds=1, margin=0.1, clock=lambda: now[0])
+    assert tuner.tune() == (2 if cost_of_2 * 1.1 < 1.0 else 1)
 
 
 def test_probe_leaves_the_model_and_rng_as_they_were(restore_threads, tiny_model_dir):
