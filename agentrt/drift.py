@@ -22,7 +22,10 @@ sudden one is; or (``fixed``) the first steps after ``warmup_steps``. Either sta
 last accepted change (a resume after a drift pause). The signal's test: ``psi`` (population
 stability index over the reference's quantile bins, flagged above ``threshold``), ``ks``
 (two-sample Kolmogorov-Smirnov, flagged when p < ``alpha``) or, for the topic, ``centroid`` (the
-centroid distance against a block bootstrap of the reference's own, flagged when p < ``alpha``).
+centroid distance against a block bootstrap of the reference's own, flagged when p < ``alpha``),
+each with an effect size on top (``min_change``: the mean moved by more than that fraction, or
+the centroids that far apart), since a learning policy's own excursions are real, significant
+shifts over windows of hundreds of samples.
 ``patience`` flagged steps in a row make an **alert**: metrics ``drift/<signal>/stat`` and
 ``drift/<signal>/alert`` every step, and for an alert one JSON line in ``<run_dir>/drift.jsonl``
 and one warning line. Then the **action** (docs/drift.md):
@@ -42,6 +45,7 @@ After ``max_actions`` rollbacks or retrains, the next alert pauses: the cause di
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -78,16 +82,19 @@ class SignalTest(ConfigModel):
                              "(0.1 moderate, 0.25 a significant shift, by the usual rule).")
     alpha: float = Field(1e-3, gt=0.0, lt=1.0, description="ks, centroid: flag a step when "
                          "p < alpha (centroid's smallest p is 1/1001).")
-    min_change: float = Field(0.0, ge=0.0, description="psi, ks: flag a step only when the "
-                              "recent mean also differs from the reference mean by more than "
-                              "this fraction of it (an effect size on top of the test; 0: off).")
+    min_change: float = Field(0.0, ge=0.0, description="An effect size on top of the test "
+                              "(0: off). psi, ks: flag a step only when the recent mean also "
+                              "differs from the reference mean by more than this fraction of "
+                              "it; centroid: only when the centroids' cosine distance is above "
+                              "this.")
 
 
 def _default_signals() -> dict[str, SignalTest]:
-    """All four; length and entropy with an effect size too (why: docs/drift.md, Figures)."""
+    """All four; all but reward with an effect size too (why: docs/drift.md, Figures)."""
     return {"response_length": SignalTest(test="psi", min_change=0.2),
-            "token_entropy": SignalTest(min_change=0.1),
-            "topic": SignalTest(test="centroid"), "reward": SignalTest(test="psi")}
+            "token_entropy": SignalTest(min_change=0.3),
+            "topic": SignalTest(test="centroid", min_change=0.02),
+            "reward": SignalTest(test="psi")}
 
 
 class DriftConfig(ConfigModel):
@@ -228,6 +235,14 @@ def weights_sha256(weights: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
+@functools.lru_cache(maxsize=None)
+def _shared_embedder(name: str) -> Any:
+    """One embedder per name and process: monitors of several runs load the model once."""
+    from agentrt.memory.embedders import build_embedder
+
+    return build_embedder(name)
+
+
 # ---------------------------------------------------------------------- the monitor
 class DriftMonitor:
     """Applies :class:`DriftConfig` to each step's trajectories (see the module docstring).
@@ -267,9 +282,7 @@ class DriftMonitor:
     def _embed(self, texts: list[str]) -> np.ndarray:
         """[len(texts), d]; each distinct text is embedded once (short answers repeat a lot)."""
         if self._embedder is None:
-            from agentrt.memory.embedders import build_embedder
-
-            self._embedder = build_embedder(self.cfg.embedder)
+            self._embedder = _shared_embedder(self.cfg.embedder)
         if len(self._vectors) > 100_000:  # a bound on memory
             self._vectors.clear()
         new = sorted(set(texts) - self._vectors.keys())
@@ -327,7 +340,7 @@ class DriftMonitor:
         for sig, test in self.cfg.signals.items():
             if sig == "topic":
                 stat, p, ref = self._topic(step)
-                flagged, cur = p < test.alpha, np.array([stat])
+                flagged, cur = p < test.alpha and stat > test.min_change, np.array([stat])
             else:
                 ref, cur = self._pooled(self.reference, sig), self._pooled(self.recent, sig)
                 if len(ref) == 0 or len(cur) == 0:
@@ -349,6 +362,9 @@ class DriftMonitor:
                                                    or target is None):
             action = "pause"
         limit = (f"> {test.threshold:g}" if test.test == "psi" else f"p < {test.alpha:g}")
+        if test.min_change:
+            limit += (f", distance > {test.min_change:g}" if test.test == "centroid" else
+                      f", mean moved > {test.min_change:.0%}")
         event = {"event": "alert", "step": step, "signal": sig, "test": test.test,
                  "stat": stat, "limit": limit, "since_step": self.since[sig],
                  "reference_mean": float(np.mean(ref)), "recent_mean": float(np.mean(cur)),
