@@ -5,9 +5,9 @@ delay of runs whose reward is changed mid-run to pay for response length.
     .venv/bin/python bench/drift.py --replay /tmp/drift-runs --drift '{"patience": 4}'
 
 Every run is the setting of tests/test_drift.py (llama-nano, 1-digit additions after 100 SFT
-steps, GRPO at temperature 1, ``--prompts-per-step`` prompts x ``--group-size`` samples a step,
-the drift section's defaults with ``--drift`` JSON on top, action ``log`` so that each signal's
-first alert shows), one fresh process per run (``--jobs`` at a time):
+steps, GRPO at temperature 1 and ``--lr`` 3e-4, ``--prompts-per-step`` 8 x ``--group-size`` 4
+samples a step, the drift section's defaults with ``--drift`` JSON on top, action ``log`` so
+that each signal's first alert shows), one fresh process per run (``--jobs`` at a time):
 
 - no change: ``--steps`` steps on exact match; every alert is a false alarm. Printed per signal:
   runs with an alert, alerts, and flagged steps per checked step.
