@@ -262,7 +262,6 @@ class DriftMonitor:
         self.events = Path(run_dir) / EVENTS
         self.decode = decode
         self._embedder: Any = None
-        self._vectors: dict[str, np.ndarray] = {}  # text -> embedding
         self.alert: dict[str, Any] | None = None  # the alert of the last observed step
         self.clean: list[int] = []  # steps of checkpoints written with no flag open (kept)
         self.kept: list[int] = []  # checkpoints rolled back to: named in events, never pruned
@@ -280,15 +279,10 @@ class DriftMonitor:
         self.since: dict[str, int] = {}
 
     def _embed(self, texts: list[str]) -> np.ndarray:
-        """[len(texts), d]; each distinct text is embedded once (short answers repeat a lot)."""
+        """[len(texts), d], one batch per step (a resumed run embeds exactly as before)."""
         if self._embedder is None:
             self._embedder = _shared_embedder(self.cfg.embedder)
-        if len(self._vectors) > 100_000:  # a bound on memory
-            self._vectors.clear()
-        new = sorted(set(texts) - self._vectors.keys())
-        if new:
-            self._vectors.update(zip(new, np.asarray(self._embedder.encode(new), np.float32)))
-        return np.stack([self._vectors[t] for t in texts])
+        return self._embedder.encode(texts)
 
     def _add(self, entry: dict[str, Any]) -> None:
         """Into the recent window; the entry it pushes out joins the reference (a fixed
