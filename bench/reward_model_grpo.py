@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--rm-steps", type=int, default=800, help="reward model pair steps")
     ap.add_argument("--rm-lm-steps", type=int, default=600,
                     help="reward model next-token steps before the pairs")
-    ap.add_argument("--rm-loss", choices=("bt", "bce"), default="bt")
+    ap.add_argument("--rm-loss", choices=("bt", "bce"), default="bce")
     ap.add_argument("--rm-samples", type=int, default=4,
                     help="policy samples per prompt as on-policy negatives")
     ap.add_argument("--rm-extra-layers", type=int, default=0,

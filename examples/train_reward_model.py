@@ -15,8 +15,8 @@ wrong ones of two sources, in equal shares:
   by 10, off by a few, a digit changed, two digits swapped, one dropped or added, the sign
   flipped, the right answer followed by junk or repeated, truncated, empty;
 * on-policy negatives: ``--policy-samples`` replies to each of ``--policy-prompts`` prompts
-  sampled (temperature 1) from ``--policy``, the SFT model GRPO starts from, those that exact match marks wrong: the
-  distribution the reward model will score.
+  sampled (temperature 1) from ``--policy``, the SFT model GRPO starts from, those that exact
+  match marks wrong: the distribution the reward model will score.
 
 Model: the backbone of ``--init`` (a causal-LM folder: the policy's SFT model, as RLHF reward
 models start from the SFT model) or a fresh ``--preset``, first trained ``--lm-steps`` more
@@ -24,8 +24,12 @@ steps of next-token loss on right answers (a classifier trained on pairs alone l
 surface of answers, not the sums: it must be able to add to tell 57 from 58), then
 ``--extra-layers`` decoder layers on top that start as the identity (the backbone predicts
 each digit at the position before it; comparing that with the digit written takes layers
-after it), then a fresh scalar head, all trained with ``--loss bt`` (Bradley-Terry, ``-log sigmoid(r(right) - r(wrong))``)
-or ``--loss bce`` (pointwise: right -> 1, wrong -> 0 on the same logit).
+after it), then a fresh scalar head, all trained with ``--loss bt`` (Bradley-Terry,
+``-log sigmoid(r(right) - r(wrong))``) or ``--loss bce`` (pointwise: right -> 1, wrong -> 0
+on the same logit; saved with 2 labels, so the reward is P(right)).
+
+docs/rewards.md has what it reaches: it learns every malformed answer, not near misses, and
+GRPO driven by it collapses; ``bench/reward_model_grpo.py`` measures that.
 
 Reported (and written to ``OUT/reward_model.json``): on the held-out prompts, the share of
 pairs ranked right per negative kind, and against the policy's own wrong samples.
@@ -34,6 +38,7 @@ pairs ranked right per negative kind, and against the policy's own wrong samples
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import random
 import tempfile
@@ -293,6 +298,22 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example],
     return result
 
 
+def probability_head(model: Any) -> Any:
+    """The classifier with 2 labels whose label-1 probability is ``sigmoid(logit)``: a
+    pointwise model's reward is then P(right), near 0 for every wrong reply, so a group of
+    wrong replies gets no advantage from how the logits happen to order them."""
+    from transformers import LlamaForSequenceClassification
+
+    config = copy.deepcopy(model.config)
+    config.num_labels = 2
+    out = LlamaForSequenceClassification(config)
+    state = model.state_dict()
+    weight = state.pop("score.weight")
+    state["score.weight"] = torch.cat([torch.zeros_like(weight), weight])
+    out.load_state_dict(state)
+    return out
+
+
 def split_prompts(train_set: list[Example], heldout: int,
                   seed: int) -> tuple[list[Example], list[Example]]:
     """(training, held-out) examples with distinct prompts, no prompt in both."""
@@ -304,10 +325,9 @@ def split_prompts(train_set: list[Example], heldout: int,
 def train(out: str | Path, preset: str = "llama-tiny", steps: int = 600, batch_size: int = 64,
           lr: float = 1e-3, seed: int = 0, digits: int = 2, ops: tuple[str, ...] = ("+",),
           train_size: int = 20000, eval_size: int = 256, heldout: int = 256,
-          task_seed: int = 1234,
-          init: str | None = None, lm_steps: int = 300, lm_lr: float = 1e-3,
+          task_seed: int = 1234, init: str | None = None, lm_steps: int = 300, lm_lr: float = 1e-3,
           policy: str | None = None, policy_samples_per_prompt: int = 4,
-          policy_prompts: int = 2000, loss: str = "bt", extra_layers: int = 0,
+          policy_prompts: int = 2000, loss: str = "bce", extra_layers: int = 0,
           log_every: int = 50) -> dict[str, Any]:
     """Trains and saves the reward model to ``out``. Returns the final loss and the held-out
     pair accuracies (``heldout_accuracy``: over all pairs; ``heldout_by_kind``), also
@@ -353,6 +373,8 @@ def train(out: str | Path, preset: str = "llama-tiny", steps: int = 600, batch_s
               "extra_layers": extra_layers, "loss_kind": loss, "preset": preset,
               "init": init, "policy": policy, "digits": digits}
     out = Path(out)
+    if loss == "bce":
+        model = probability_head(model)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     (out / "reward_model.json").write_text(json.dumps(result, indent=1))
@@ -372,7 +394,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=600, help="pair training steps")
     ap.add_argument("--batch-size", type=int, default=64, help="pairs per step")
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--loss", choices=("bt", "bce"), default="bt")
+    ap.add_argument("--loss", choices=("bt", "bce"), default="bce",
+                    help="bce ranked near misses far better than bt here (docs/rewards.md)")
     ap.add_argument("--lm-steps", type=int, default=300,
                     help="next-token steps on right answers before the pairs")
     ap.add_argument("--extra-layers", type=int, default=0,

@@ -254,11 +254,12 @@ def test_reward_model_learns_to_prefer_right_answers_and_drives_grpo(tmp_path, n
     by_kind = result["heldout_by_kind"]
     assert set(by_kind) == {*rm.NEGATIVES, "policy", "all"}, by_kind
     assert result["heldout_policy_pairs"] > 0 and by_kind["policy"] >= 0.9, result
-    assert result["heldout_accuracy"] >= 0.7 and result["loss"] < 0.5, result
+    assert result["heldout_accuracy"] >= 0.7, result
     executor = build_executor(parse_reward({"model": str(folder)}))
     values, errors, metrics = executor.score_batch([
         Sample("a", "3+4=", "7", {}), Sample("b", "3+4=", "x+", {})])
-    assert errors == [None, None] and values[0] > values[1]
+    # pointwise (bce) models are saved with 2 labels: the reward is P(right)
+    assert errors == [None, None] and 1 > values[0] > 0.5 > values[1] > 0, values
     assert metrics["reward/model/latency_s"] > 0
     cfg = _config(tmp_path, nano_dir, {"model": str(folder), "name": "rm"}, steps=2)
     last = Trainer(cfg).run()
