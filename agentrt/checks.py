@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
+import types
+import typing
 from pathlib import Path
 from typing import Any, Sequence
 
-from pydantic import Field, create_model
+from pydantic import BaseModel, Field, create_model
 
 from agentrt.config import Section, read_config, validate_config
 from agentrt.errors import ConfigError
@@ -133,3 +136,40 @@ def check_model_path(field: str, path: str | None) -> None:
     if not any((folder / name).is_file() for name in ("config.json", "adapter_config.json")):
         raise ConfigError(f"{field}: {path!r} has no config.json (nor adapter_config.json); it "
                           "is not a Hugging Face model folder")
+
+
+def describe_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """``(path, type, default, description)`` of every field of a config model, depth first;
+    a nested section is listed with its fields under ``section.``. ``agentrt config-help``."""
+    rows: list[tuple[str, str, str, str]] = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        section = _section(field.annotation)
+        doc = field.description or (section.__doc__ or "").strip().split("\n")[0] \
+            if section else field.description or ""
+        if section is not None:
+            rows.append((path, "section", "", doc))
+            rows.extend(describe_fields(section, f"{path}."))
+            continue
+        default = "required" if field.is_required() else repr(
+            field.get_default(call_default_factory=True))
+        rows.append((path, _type_name(field.annotation), default, doc))
+    return rows
+
+
+def _section(annotation: Any) -> type[BaseModel] | None:
+    """The model of a field that is a section (``X`` or ``X | None``), else None."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] \
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType) else [annotation]
+    if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return args[0]
+    return None
+
+
+def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return annotation.__name__
+    text = re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", str(annotation)).replace("NoneType", "None")
+    return re.sub(r"Annotated\[(\w+), [^\]]*\]", r"\1", text)

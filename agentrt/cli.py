@@ -103,6 +103,28 @@ def check_config(
     typer.echo(f"# {found} config, valid\n{dump_config(cfg)}", nl=False)
 
 
+@app.command("config-help")
+def config_help(
+    kind: str = typer.Argument("train", help="train, tournament or decompose."),
+    field: Optional[str] = typer.Argument(
+        None, help="Only this field or section and what is under it (e.g. policy.algorithm)."),
+) -> None:
+    """Every field of a config kind: its path, type, default and what it does."""
+    from agentrt.checks import KINDS, config_model, describe_fields
+    from agentrt.errors import ConfigError
+
+    if kind not in KINDS:
+        raise ConfigError(f"{kind!r} is not a config kind; valid: {', '.join(KINDS)}")
+    rows = [r for r in describe_fields(config_model(kind))
+            if field is None or r[0] == field or r[0].startswith(f"{field}.")]
+    if not rows:
+        raise ConfigError(f"{kind} configs have no field {field!r}; `agentrt config-help "
+                          f"{kind}` lists them")
+    for path, type_, default, doc in rows:
+        head = f"{path}: {type_}" + (f" = {default}" if default else "")
+        typer.echo(f"{head}\n    {doc}" if doc else head)
+
+
 tournament_app = typer.Typer(no_args_is_help=True, help="Self-play leagues and tournaments.")
 app.add_typer(tournament_app, name="tournament")
 

@@ -285,3 +285,32 @@ def test_eval_opponents_default_needs_no_random_baseline(tmp_path: Path, monkeyp
         code, out, err = run_cli(monkeypatch, capsys, "check-config", str(path))
         assert code == 0, err
         assert yaml.safe_load(out)["eval"]["opponents"] == expected
+
+
+@pytest.mark.parametrize("kind", ["train", "tournament", "decompose"])
+def test_config_help_lists_every_field(kind: str, monkeypatch, capsys) -> None:
+    """config-help prints each field with its default and a description, and an unknown field
+    or kind is one line."""
+    from agentrt.checks import config_model, describe_fields
+
+    code, out, _ = run_cli(monkeypatch, capsys, "config-help", kind)
+    assert code == 0
+    rows = describe_fields(config_model(kind))
+    leaves = [r for r in rows if r[1] != "section"]
+    assert len(leaves) > 50 and all(doc for _, _, _, doc in leaves)
+    printed = {line.split(":")[0] for line in out.splitlines() if not line.startswith(" ")}
+    assert printed == {path for path, *_ in rows}
+    assert "seed: int = 0\n    Global seed" in out
+    code, out, _ = run_cli(monkeypatch, capsys, "config-help", kind, "seed")
+    assert code == 0 and out.splitlines()[0] == "seed: int = 0"
+    code, _, err = run_cli(monkeypatch, capsys, "config-help", kind, "no.such")
+    assert code == 2 and f"{kind} configs have no field 'no.such'" in err
+
+
+def test_config_help_section_and_bad_kind(monkeypatch, capsys) -> None:
+    code, out, _ = run_cli(monkeypatch, capsys, "config-help", "train", "policy.algorithm.kl")
+    assert code == 0 and out.startswith("policy.algorithm.kl: section\n")
+    assert "policy.algorithm.kl.coef: float = 0.0\n    KL coefficient" in out
+    assert "policy.algorithm.name" not in out
+    code, _, err = run_cli(monkeypatch, capsys, "config-help", "league")
+    assert code == 2 and "'league' is not a config kind" in err
