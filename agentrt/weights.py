@@ -250,8 +250,12 @@ class SharedModel:
 class ModuleCopy:
     """A second module holding one policy's weights, in shared memory, for a rollout process that
     generates while the live module trains (``train.async_rollout``): the live module's weights
-    change under an optimizer step, so an overlapping rollout needs weights of its own. Costs
-    one more model (LoRA: the base too).
+    change under an optimizer step, so an overlapping rollout needs weights of its own.
+
+    Full weights: a deep copy (one more model). LoRA: only the policy's adapter is copied; the
+    frozen base (and every other tensor training this policy leaves alone: buffers, the adapters
+    of other policies and snapshots, which the copy never activates) is the learner's own tensor,
+    moved to shared memory in place, so the copy costs one adapter, not one more base.
 
     Args:
         shared: The model that hosts the policy.
@@ -260,19 +264,26 @@ class ModuleCopy:
 
     def __init__(self, shared: SharedModel, name: str) -> None:
         self.shared, self.name = shared, name
+        trainable = shared.parameters(name) if shared.is_lora else []
         with shared.using(name) as model:
-            self.module = copy.deepcopy(model).requires_grad_(False).eval().share_memory()
+            memo: dict[int, Any] = {}
+            if shared.is_lora:  # deepcopy returns what the memo maps a tensor to: itself
+                copied = {id(p) for p in trainable}
+                memo = {id(t): t for t in (*model.parameters(), *model.buffers())
+                        if id(t) not in copied}
+            self.module = copy.deepcopy(model, memo).requires_grad_(False).eval().share_memory()
+        self._pairs = [(p, memo[id(p)]) for p in trainable]  # (learner's, copy's) adapter tensors
         cfg = shared.adapters[name]
         self.tokenizer, self.batch_size = shared.tokenizer, cfg.rollout.batch_size
         self.autocast_dtype, self.decode = shared.autocast_dtype, cfg.rollout.decode
 
     def sync(self) -> None:
-        """Copies the policy's current weights in place (the adapter alone for LoRA): the
-        process that reads the shared memory sees them at its next call."""
+        """Copies the policy's current weights in place (the adapter alone for LoRA, the only
+        tensors the copy owns): the process that reads the shared memory sees them at its next
+        call."""
         if self.shared.is_lora:
-            from peft import get_peft_model_state_dict, set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.module, get_peft_model_state_dict(
-                self.shared.model, adapter_name=self.name), adapter_name=self.name)
+            with torch.no_grad():
+                for live, mine in self._pairs:
+                    mine.copy_(live)
         else:
             self.module.load_state_dict(self.shared.model.state_dict())

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from agentrt.config import PolicyConfig, TrainConfig, validate_config
 from agentrt.episodes import EpisodeLog
@@ -30,13 +31,14 @@ def nano_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_model(tmp_path_factory.mktemp("models") / "nano", "llama-nano", seed=0)
 
 
-def config(run_dir: Path, model: Path, enabled: bool = True, steps: int = 5) -> TrainConfig:
+def config(run_dir: Path, model: Path, enabled: bool = True, steps: int = 5, lora: bool = False
+           ) -> TrainConfig:
     return validate_config({
         "seed": 0, "run_dir": str(run_dir), "progress": False, "threads": 1,
         "task": {"name": "arithmetic", "train_size": 200, "eval_size": 8},
         "reward": "async_test_digits",
         "policy": {"model": {"path": str(model)}, "optim": {"lr": 3e-3},
-                   "rollout": {"sampling": {"max_new_tokens": 4}}},
+                   "lora": {"enabled": lora}, "rollout": {"sampling": {"max_new_tokens": 4}}},
         "train": {"steps": steps, "prompts_per_step": 4, "group_size": 4,
                   "async_rollout": {"enabled": enabled, "max_staleness": 1}},
         "eval": {"every": 100}, "checkpoint": {"every": 3}})
@@ -107,6 +109,51 @@ def test_stale_samples_use_their_behaviour_logprobs(nano_dir):
                               policy_version=pool.version)], group_id="g") for t in old]
     assert pool.train(fresh)["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
     copy.close()
+
+
+def test_lora_copy_shares_the_frozen_base(tmp_path, nano_dir):
+    """A LoRA policy's copy holds its adapter alone: the base is the learner's own tensors (in
+    shared memory), the adapter a tensor of its own that sync refreshes."""
+    pool = LocalPool(PolicyConfig(model={"path": str(nano_dir)}, lora={"enabled": True},
+                                  optim={"lr": 3e-2}, rollout={"sampling": {"max_new_tokens": 4}}))
+    copy = pool.rollout_copy()
+    live = dict(pool.worker.shared.model.named_parameters())
+    mine = dict(copy.module.module.named_parameters())
+    adapter = {k for k, p in live.items() if p.requires_grad}
+    assert mine.keys() == live.keys() and adapter and all(".lora_" in k for k in adapter)
+    for k, p in live.items():
+        assert (mine[k].data_ptr() == p.data_ptr()) == (k not in adapter), k
+        assert mine[k].is_shared() and not mine[k].requires_grad
+    copy.start()
+    prompts = [[pool.tokenizer.bos_token_id] + pool.tokenizer.encode(f"{i}+{i}=")
+               for i in range(8)]
+
+    def drawn(version: int) -> list[Trajectory]:
+        copy.reseed(0)
+        return [Trajectory([Turn(p, c.response_ids, c.logprobs, reward=float(i % 2),
+                                 policy_version=version)], group_id="g")
+                for i, (p, c) in enumerate(zip(prompts, copy.generate(
+                    prompts, pool.cfg.rollout.sampling)))]
+
+    def lag(samples: list[Trajectory]) -> float:
+        """Largest gap between the copy's log-probs and the learner's on the copy's samples."""
+        batch = collate(samples, pool.pad_id)
+        return float(((batch.old_logprobs - pool.engine.logprobs(batch)) * batch.loss_mask)
+                     .abs().max())
+
+    copy.sync()
+    pool.train(drawn(0))  # version 0 -> 1: the learner's adapter moves, the copy's does not
+    assert any(not torch.equal(live[k], mine[k]) for k in adapter)
+    assert lag(drawn(0)) > 1e-3
+    copy.sync()
+    assert all(torch.equal(live[k], mine[k]) for k in adapter) and copy.version == 1
+    assert lag(drawn(1)) < 1e-4  # the rollout process reads the refreshed adapter
+    copy.close()
+
+    Trainer(config(tmp_path / "l", nano_dir, steps=3, lora=True)).run()
+    rows = metrics(tmp_path / "l")
+    assert [rows[s]["rollout/staleness"] for s in (1, 2, 3)] == [0, 1, 1]
+    assert {v for v, *_ in episodes(tmp_path / "l", 3)} == {1}
 
 
 def test_off_by_default(tmp_path, nano_dir):
