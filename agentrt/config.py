@@ -125,6 +125,9 @@ class OptimConfig(Section):
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in optimizer steps.")
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Floor of linear/cosine decay.")
     max_grad_norm: float | None = Field(1.0, gt=0.0, description="Clip gradients to this norm.")
+    fused: bool = Field(True, description="torch's fused AdamW (one kernel over all parameters) "
+                        "where the device has it; false: the per-parameter loop, 5-25x slower "
+                        "on CPU (docs/performance.md).")
 
 
 class ResourcesConfig(Section):
