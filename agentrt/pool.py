@@ -18,6 +18,7 @@ every worker updates on its share of each mini-batch with gradients summed over 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -417,10 +418,16 @@ class RolloutCopy:
             raise RuntimeError(f"the rollout process of {self.name!r} failed: {out}")
         return out
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Asks the process to end; one that has not within ``timeout`` seconds (hung) is
+        terminated, so no process outlives the copy."""
         if self._proc.pid is not None and self._proc.is_alive():
-            self._conn.send(None)
-            self._proc.join(10)
+            with contextlib.suppress(OSError):  # it died meanwhile: nothing reads the pipe
+                self._conn.send(None)
+            self._proc.join(timeout)
+            if self._proc.is_alive():
+                self._proc.kill()  # SIGKILL: a stopped process does not act on SIGTERM
+                self._proc.join()
         self._conn.close()
 
 

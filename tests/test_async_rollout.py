@@ -156,6 +156,29 @@ def test_lora_copy_shares_the_frozen_base(tmp_path, nano_dir):
     assert {v for v, *_ in episodes(tmp_path / "l", 3)} == {1}
 
 
+def test_closing_a_copy_ends_its_process_even_one_that_does_not_answer(nano_dir):
+    """close() asks the process to end, and terminates one that has not within its timeout
+    (here: stopped by SIGSTOP, as a hung child would be); a dead one closes quietly."""
+    import multiprocessing
+    import os
+    import signal
+
+    def children() -> list:
+        return [p for p in multiprocessing.active_children() if p.name.startswith("agentrt-")]
+
+    pool = LocalPool(PolicyConfig(model={"path": str(nano_dir)},
+                                  rollout={"sampling": {"max_new_tokens": 2}}))
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        copy = pool.rollout_copy()
+        copy.start()
+        copy.sync()
+        assert len(copy.generate([[1, 5]], pool.cfg.rollout.sampling)) == 1
+        [child] = children()
+        os.kill(child.pid, sig)
+        copy.close(timeout=1.0)
+        assert children() == [] and child.exitcode is not None, sig
+
+
 def test_off_by_default(tmp_path, nano_dir):
     assert TrainConfig().train.async_rollout.enabled is False
     trainer = Trainer(config(tmp_path / "s", nano_dir, enabled=False, steps=2))
