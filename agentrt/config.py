@@ -174,6 +174,16 @@ class PolicyConfig(Section):
         None, description="Memory bank this policy reads into prompts and writes at episode end "
         "(docs/memory.md); None: no memory.")
 
+    @model_validator(mode="after")
+    def _rollout_logprobs(self) -> PolicyConfig:
+        where = ("rollout.backend is vllm" if self.rollout.backend == "vllm" else
+                 "model.dtype is bf16" if self.model.dtype == "bf16" else None)
+        if self.algorithm.old_logprobs == "rollout" and where is not None:
+            raise ValueError(f"algorithm.old_logprobs: rollout takes the PPO ratio's old "
+                             f"log-probs from the rollout, whose numerics differ from the "
+                             f"trainer's when {where}; use old_logprobs: auto")
+        return self
+
 
 class TaskConfig(Section):
     name: str = Field("arithmetic", description="Built-in task from agentrt.tasks.TASKS, or a "

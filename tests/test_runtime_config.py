@@ -20,11 +20,20 @@ CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster"
     ({"policy": {"resources": {"num_workers": 0}}}, "policy.resources.num_workers"),
     ({"policy": {"resources": {"colocate_roles": False}}}, "keep it true"),
     ({"runtime": {"adress": "auto"}}, "runtime.adress: Extra inputs are not permitted"),
+    ({"policy": {"algorithm": {"old_logprobs": "rollout"}, "model": {"dtype": "bf16"}}},
+     "when model.dtype is bf16; use old_logprobs: auto"),
+    ({"policy": {"algorithm": {"old_logprobs": "rollout"}, "rollout": {"backend": "vllm"}}},
+     "when rollout.backend is vllm; use old_logprobs: auto"),
 ])
 def test_bad_runtime_values_are_one_message_naming_the_field(patch, expected):
     with pytest.raises(ConfigError) as exc:
         validate_config(patch)
     assert expected in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_rollout_logprobs_where_the_numerics_match():
+    cfg = validate_config({"policy": {"algorithm": {"old_logprobs": "rollout"}}})
+    assert cfg.policy.algorithm.old_logprobs == "rollout"
 
 
 def test_cluster_training_config_validates_and_addresses_override():
