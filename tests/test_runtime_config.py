@@ -20,7 +20,7 @@ CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster"
     ({"policy": {"resources": {"num_workers": 0}}}, "policy.resources.num_workers"),
     ({"policy": {"resources": {"colocate_roles": False}}}, "keep it true"),
     ({"runtime": {"adress": "auto"}}, "runtime.adress: Extra inputs are not permitted"),
-    ({"policy": {"algorithm": {"old_logprobs": "rollout"}, "model": {"dtype": "bf16"}}},
+    ({"policy": {"algorithm": {"old_logprobs": "rollout"}, "model": {"preset": "llama-nano", "dtype": "bf16"}}},
      "when model.dtype is bf16; use old_logprobs: auto"),
     ({"policy": {"algorithm": {"old_logprobs": "rollout"}, "rollout": {"backend": "vllm"}}},
      "when rollout.backend is vllm; use old_logprobs: auto"),
