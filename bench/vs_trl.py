@@ -1,26 +1,30 @@
 """GRPO on the same work with agentrt and with TRL's GRPOTrainer, side by side.
 
 Both sides load one saved model folder and tokenizer (agentrt.policies.build_model), train on
-2-digit addition prompts (bos + "a+b=", the same token ids) with the exact-match reward, fp32,
-KL off (beta 0), one optimizer step per batch of 32 prompts x 8 completions, AdamW at a constant
-1e-4, clip 1.0, token-mean loss (TRL: dapo), group-std advantages with the same epsilon (1e-4).
+2-digit addition prompts (bos + "a+b=", the same token ids) with the exact-match reward, fp32
+(``--precision bf16``: both bf16 autocast over fp32 weights), KL off (beta 0), one optimizer
+step per batch of 32 prompts x 8 completions, AdamW at a constant 1e-4, clip 1.0, token-mean
+loss (TRL: dapo), group-std advantages with the same epsilon (1e-4).
 
 First a parity check on one fixed batch (sampled by agentrt, a few completions replaced by the
 right answer so the rewards vary): the log-probs of both trainers, the advantages, the loss and
-the gradient norm at the same weights must agree, or the script stops (with the ratio at 1 the
-loss alone depends only on advantages and lengths; the log-probs and gradient test the rest). Then, per model and response length, each side
-runs warm-up and timed steps in a fresh process; arms alternate within each repetition. Prints
-per side steps/s, rollout tokens/s, trainer samples/s (samples / (prepare + update) seconds),
-peak RSS, the phase breakdown per step (generate, prepare, update, other) and the agentrt/TRL
-ratio of steps per second (median over repetitions), and the same ratio per CPU second of the
-process (TRL's CPU seconds per step / agentrt's: steadier than wall time on a loaded machine).
+the gradient norm at the same weights must agree within the precision's tolerances, and both
+sides' matmuls must run in that precision (a forward hook reads their dtype), or the script
+stops (with the ratio at 1 the loss alone depends only on advantages and lengths; the log-probs
+and gradient test the rest). Then, per model and response length, each side runs warm-up and
+timed steps in a fresh process; arms alternate within each repetition. Prints per side steps/s,
+rollout tokens/s, trainer samples/s (samples / (prepare + update) seconds), peak RSS, the phase
+breakdown per step (generate, prepare, update, other; TRL also the dtype its matmuls ran in per
+phase) and the agentrt/TRL ratio of steps per second (median over repetitions), and the same
+ratio per CPU second of the process (TRL's CPU seconds per step / agentrt's: steadier than wall
+time on a loaded machine).
 
 Run: ``.venv/bin/python bench/vs_trl.py [--models llama-tiny,llama-small] [--tokens 6,32]
-[--reps 3] [--steps 20] [--warmup 3] [--threads 2] [--backend hf|vllm] [--set KEY=VALUE]
-[--base-set KEY=VALUE]``. ``--set`` passes agentrt config overrides to the agentrt arms;
-``--base-set`` adds a third arm, agentrt-base, with more overrides (before/after in one run, e.g.
-``--base-set policy.algorithm.old_logprobs=recompute``: the separate old-logprob pass).
-Needs the bench extra: ``pip install -e .[bench]``.
+[--reps 3] [--steps 20] [--warmup 3] [--threads 2] [--backend hf|vllm] [--precision fp32|bf16]
+[--set KEY=VALUE] [--base-set KEY=VALUE]``. ``--set`` passes agentrt config overrides to the
+agentrt arms; ``--base-set`` adds a third arm, agentrt-base, with more overrides (before/after
+in one run, e.g. ``--base-set policy.algorithm.old_logprobs=recompute``: the separate
+old-logprob pass). Needs the bench extra: ``pip install -e .[bench]``.
 """
 
 from __future__ import annotations
@@ -42,8 +46,15 @@ PROMPTS, GROUP, LR, EPS, SEED = 32, 8, 1e-4, 1e-4, 0
 # the unit gradients: the advantages cancel within each group, so the gradient is a small
 # difference of large terms and carries fp32 rounding of the whole backward (measured up to 6e-4
 # on llama-small at 32 tokens); a wrong scale or sign moves these by 1e-2 or more.
-TOL = {"logprobs": 2e-4, "advantages": 1e-5, "loss": 1e-5, "grad_norm": 2e-3,
-       "grad_direction": 2e-3}
+# bf16 (--precision bf16): autocast on both sides over the same fp32 weights. Log-probs agreed
+# exactly on both models (the same autocast kernels); the gradient carries bf16 rounding (8-bit
+# mantissa) of the whole backward: measured norm 1e-4 / 8e-4 relative, direction 3.9e-3 /
+# 4.5e-3 (llama-tiny / llama-small at 32 tokens), so 2e-2 leaves 4x; a wrong sign moves the
+# direction by 1 or more, a dropped term of the loss by 1e-1 or more.
+TOL = {"fp32": {"logprobs": 2e-4, "advantages": 1e-5, "loss": 1e-5, "grad_norm": 2e-3,
+                "grad_direction": 2e-3},
+       "bf16": {"logprobs": 2e-2, "advantages": 1e-5, "loss": 1e-5, "grad_norm": 2e-2,
+                "grad_direction": 2e-2}}
 
 
 def examples(n: int, seed: int) -> list:
@@ -59,6 +70,16 @@ def task_config(n: int) -> dict:
             "options": {"digits": 2, "ops": ["+"]}}
 
 
+def matmul_dtypes(model, phase) -> dict[str, set[str]]:
+    """Output dtypes of the first decoder layer's down projection per ``phase()`` (a function
+    naming the current phase): what the side's matmuls really run in (autocast or not)."""
+    seen: dict[str, set[str]] = {}
+    proj = model.get_decoder().layers[0].mlp.down_proj
+    proj.register_forward_hook(
+        lambda m, i, out: seen.setdefault(phase(), set()).add(str(out.dtype).split(".")[-1]))
+    return seen
+
+
 def peak_rss_mb() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -67,7 +88,7 @@ def peak_rss_mb() -> float:
 
 # ---------------------------------------------------------------------------------- agentrt arm
 def agentrt_config(model_dir: str, tokens: int, steps: int, run_dir: str, threads: int,
-                   backend: str, overrides: list[str]):
+                   backend: str, overrides: list[str], precision: str = "fp32"):
     import yaml
 
     from agentrt.config import load_config
@@ -75,7 +96,7 @@ def agentrt_config(model_dir: str, tokens: int, steps: int, run_dir: str, thread
     raw = {
         "seed": SEED, "run_dir": run_dir, "progress": False, "threads": threads,
         "task": task_config(20000), "reward": "exact_match",
-        "policy": {"id": "p", "model": {"path": model_dir},
+        "policy": {"id": "p", "model": {"path": model_dir, "dtype": precision},
                    "rollout": {"backend": backend,
                                "sampling": {"temperature": 1.0, "max_new_tokens": tokens}},
                    "optim": {"lr": LR, "max_grad_norm": 1.0},
@@ -106,7 +127,8 @@ def run_agentrt(a: argparse.Namespace) -> dict:
     RunDir.log_metrics = log_metrics
     total = a.warmup + a.steps + 1  # the last step also evaluates and saves: not timed
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = agentrt_config(a.model_dir, a.tokens, total, tmp, a.threads, a.backend, a.set)
+        cfg = agentrt_config(a.model_dir, a.tokens, total, tmp, a.threads, a.backend, a.set,
+                             a.precision)
         trainer = Trainer(cfg)
         trainer.run()
         rows = [json.loads(line) for line in
@@ -123,7 +145,7 @@ def run_agentrt(a: argparse.Namespace) -> dict:
 
 
 # ---------------------------------------------------------------------------------- TRL arm
-def trl_args(out: str, tokens: int, steps: int, threads: int, vllm: bool):
+def trl_args(out: str, tokens: int, steps: int, vllm: bool, precision: str = "fp32"):
     from trl import GRPOConfig
 
     extra = ({"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3,
@@ -135,7 +157,7 @@ def trl_args(out: str, tokens: int, steps: int, threads: int, vllm: bool):
         max_grad_norm=1.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
         weight_decay=0.0, beta=0.0, num_iterations=1, epsilon=0.2, loss_type="dapo",
         scale_rewards="group", max_steps=steps, logging_steps=1, report_to=[],
-        save_strategy="no", seed=SEED, use_cpu=True, bf16=False, fp16=False,
+        save_strategy="no", seed=SEED, use_cpu=True, bf16=precision == "bf16", fp16=False,
         dataloader_num_workers=0, disable_tqdm=True, **extra)
 
 
@@ -164,6 +186,8 @@ def timed_trainer(cls):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.phases: list[dict] = []
+            self.phase = "update"
+            self.dtypes = matmul_dtypes(self.model, lambda: self.phase)
             self._cur = {"generate": 0.0, "prepare": 0.0, "tokens": 0}
             self._t_inputs = self._t_end = time.perf_counter()
             self._cpu_end = time.process_time()
@@ -182,7 +206,11 @@ def timed_trainer(cls):
 
         def _generate(self, prompts):
             t = time.perf_counter()
-            out = super()._generate(prompts)
+            self.phase = "generate"
+            try:
+                out = super()._generate(prompts)
+            finally:
+                self.phase = "update"
             self._cur["generate"] += time.perf_counter() - t
             self._cur["tokens"] += sum(len(c) for c in out[1])
             return out
@@ -207,10 +235,11 @@ def run_trl(a: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         trainer = timed_trainer(GRPOTrainer)(
             model=model, reward_funcs=exact_match_reward, processing_class=tok,
-            args=trl_args(tmp, a.tokens, total, a.threads, a.backend == "vllm"),
+            args=trl_args(tmp, a.tokens, total, a.backend == "vllm", a.precision),
             train_dataset=trl_dataset(tok, 20000))
         trainer.train()
-    return summarize(trainer.phases[a.warmup:a.warmup + a.steps])
+    return summarize(trainer.phases[a.warmup:a.warmup + a.steps]) | {
+        "dtypes": {k: sorted(v) for k, v in trainer.dtypes.items()}}
 
 
 def summarize(steps: list[dict]) -> dict:
@@ -238,7 +267,8 @@ def run_parity(a: argparse.Namespace) -> dict:
     from agentrt.tasks import encode_prompt
     from agentrt.types import Trajectory, Turn, collate
 
-    cfg = agentrt_config(a.model_dir, a.tokens, 1, "unused", a.threads, "hf", a.set).policy
+    cfg = agentrt_config(a.model_dir, a.tokens, 1, "unused", a.threads, "hf", a.set,
+                         a.precision).policy
     torch.manual_seed(SEED)
     eng = HybridEngine(cfg, seed=SEED)
     tok = eng.tokenizer
@@ -253,6 +283,7 @@ def run_parity(a: argparse.Namespace) -> dict:
     trajs = [Trajectory([Turn(p, r, [0.0] * len(r), reward=rw)], group_id=str(i // GROUP))
              for i, (p, r, rw) in enumerate(zip(prompts, responses, rewards))]
     batch = collate(trajs, eng.pad_id)
+    ours_dt = matmul_dtypes(eng.model, lambda: "update")
     ours_lp = eng.logprobs(batch)
     eng.prepare(batch)
     eng.compute_advantages(batch)
@@ -272,8 +303,9 @@ def run_parity(a: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         trainer = GRPOTrainer(model=model, reward_funcs=exact_match_reward,
                               processing_class=hf_tok, rollout_func=fixed_rollout,
-                              args=trl_args(tmp, a.tokens, 1, a.threads, False),
+                              args=trl_args(tmp, a.tokens, 1, False, a.precision),
                               train_dataset=trl_dataset(hf_tok, 64))
+        trl_dt = matmul_dtypes(trainer.model, lambda: "update")
         trainer.model.train()
         trainer.current_gradient_accumulation_steps = 1  # what train() sets before a step
         rows = [{"prompt": hf_tok.bos_token + ex.prompt, "answer": ex.answer} for ex in exs]
@@ -299,8 +331,8 @@ def run_parity(a: argparse.Namespace) -> dict:
     return {"logprobs": float((ours - theirs).abs().max()), "mean_logprob": float(ours.mean()), "advantages": float((ours_adv - trl_adv).abs().max()),
             "loss": abs(ours_loss - trl_loss), "loss_agentrt": ours_loss, "loss_trl": trl_loss,
             "grad_norm": abs(ours_grad - trl_grad) / max(trl_grad, 1e-12),
-            "grad_direction": direction,
-            "rewards": sum(rewards)}
+            "grad_direction": direction, "rewards": sum(rewards),
+            "dtypes": {"agentrt": sorted(ours_dt["update"]), "TRL": sorted(trl_dt["update"])}}
 
 
 # ---------------------------------------------------------------------------------- driver
@@ -308,7 +340,8 @@ def worker(arm: str, model_dir: Path, tokens: int, a: argparse.Namespace,
            overrides: list[str], backend: str | None = None) -> dict:
     cmd = [sys.executable, __file__, "--worker", arm, "--model-dir", str(model_dir),
            "--tokens", str(tokens), "--steps", str(a.steps), "--warmup", str(a.warmup),
-           "--threads", str(a.threads), "--backend", backend or a.backend]
+           "--threads", str(a.threads), "--backend", backend or a.backend,
+           "--precision", a.precision]
     for s in overrides:
         cmd += ["--set", s]
     env = os.environ | {"OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false",
@@ -327,7 +360,8 @@ def show(name: str, runs: list[dict]) -> None:
           f"s/step) {med('rollout_tokens_per_s'):7.0f} "
           f"rollout tok/s {med('trainer_samples_per_s'):6.1f} trainer samples/s  peak RSS "
           f"{max(r['peak_rss_mb'] for r in runs):5.0f} MB | per step "
-          + ", ".join(f"{k} {v:.3f}" for k, v in ph.items()) + " s")
+          + ", ".join(f"{k} {v:.3f}" for k, v in ph.items()) + " s"
+          + (f"; matmuls in {runs[0]['dtypes']}" if "dtypes" in runs[0] else ""))
 
 
 def parity(preset: str, model_dir: Path, tokens: int, a: argparse.Namespace) -> None:
@@ -336,10 +370,14 @@ def parity(preset: str, model_dir: Path, tokens: int, a: argparse.Namespace) -> 
           f"{par['mean_logprob']:.3f}), advantages {par['advantages']:.2e}, loss "
           f"{par['loss']:.2e} ({par['loss_agentrt']:.6f} vs {par['loss_trl']:.6f}), gradient "
           f"norm {par['grad_norm']:.1e} relative, direction {par['grad_direction']:.1e} ("
-          f"{par['rewards']:.0f} right answers in the batch)")
-    bad = {k: par[k] for k in TOL if not par[k] <= TOL[k]}
+          f"{par['rewards']:.0f} right answers in the batch); matmuls {par['dtypes']}")
+    tol = TOL[a.precision]
+    bad = {k: par[k] for k in tol if not par[k] <= tol[k]}
+    want = ["bfloat16" if a.precision == "bf16" else "float32"]
+    if any(v != want for v in par["dtypes"].values()):  # not at equal precision
+        bad["matmul dtypes"] = par["dtypes"]
     if bad:
-        sys.exit(f"PARITY FAILED for {preset}: {bad} exceed the tolerances {TOL}")
+        sys.exit(f"PARITY FAILED for {preset}: {bad} exceed the {a.precision} tolerances {tol}")
 
 
 def compare(preset: str, model_dir: Path, n: int, a: argparse.Namespace) -> dict[str, float]:
@@ -391,6 +429,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                    help="both sides: fp32, or bf16 autocast over fp32 weights (agentrt "
+                    "policy.model.dtype, TRL bf16=True)")
     ap.add_argument("--set", action="append", default=[], help="agentrt override KEY=VALUE")
     ap.add_argument("--base-set", action="append", default=[],
                     help="adds an arm agentrt-base with these overrides on top of --set")
@@ -412,7 +453,7 @@ def main() -> None:
     print(f"cpus {os.cpu_count()}, threads {a.threads}, load average "
           f"{os.getloadavg()[0]:.1f}; {PROMPTS} prompts x {GROUP} completions per step, "
           f"{a.reps} interleaved reps x {a.steps} timed steps (+{a.warmup} warm-up), fresh "
-          f"process per arm; backend {a.backend}; agentrt overrides {a.set or 'none'}"
+          f"process per arm; backend {a.backend}, {a.precision}; agentrt overrides {a.set or 'none'}"
           + (f", agentrt-base adds {a.base_set}" if a.base_set else ""))
     summary = []
     with tempfile.TemporaryDirectory() as tmp:
