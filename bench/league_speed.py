@@ -8,29 +8,24 @@ rollout). The old code is exported with ``git archive`` and installed into a tem
 each arm runs in its own subprocess with the same threads and seed, arms alternate, and the
 first round of each arm is a warm-up. Prints seconds per step (median over rounds) and the ratio.
 
-Run: ``.venv/bin/python bench/league_speed.py [--rounds 3] [--steps 6]``
+Run: ``.venv/bin/python bench/league_speed.py [--rounds 3] [--steps 6] [--old COMMIT]``
+(bench/speedup.py runs the whole ``make demo`` and the arithmetic bench against ae9df8f^.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from oldcode import ROOT, export, run_arm
+
 OLD_COMMIT = "8857db1"
 
 ARM = r"""
 import json, sys, time
-old = sys.argv[1]
-if old != "-":
-    sys.path.insert(0, old)
-    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 from agentrt.config import load_config
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.trainer import LeagueTrainer
@@ -47,20 +42,6 @@ print(json.dumps({"seconds": time.perf_counter() - start, "code": agentrt.__file
 """
 
 
-def export_old(dest: Path) -> Path:
-    """The old commit, installed (not editable) into ``dest``; returns the import root."""
-    src = dest / "src"
-    src.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", OLD_COMMIT],
-                             check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-    target = dest / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "-t", str(target), str(src)], check=True,
-                   capture_output=True)
-    return target
-
-
 def shared_config(dest: Path) -> Path:
     """The example without its ``runtime:`` section (the old code has none; local either way)."""
     import yaml
@@ -72,18 +53,14 @@ def shared_config(dest: Path) -> Path:
     return path
 
 
-def run_arm(old: str, config: Path, run_dir: Path, steps: int, threads: int) -> float:
+def league_arm(old: str, config: Path, run_dir: Path, steps: int, threads: int) -> float:
     """Seconds for ``steps`` league steps after the warm start (fresh run folder)."""
     overrides = [f"run_dir={run_dir}", "progress=false", f"threads={threads}",
                  "warm_start.steps=20", "eval.every=1000", "eval.games=8",
                  "checkpoint.every=1000", f"train.steps={steps}"]
-    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
-    out = subprocess.run([sys.executable, "-c", ARM, old, json.dumps(overrides), str(config),
-                          str(steps)],
-                         capture_output=True, text=True, env=env, cwd=ROOT)
-    if out.returncode != 0:
-        raise SystemExit(f"arm {'old' if old != '-' else 'new'} failed:\n{out.stderr[-3000:]}")
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+    out = run_arm(ARM, old, [json.dumps(overrides), str(config), str(steps)],
+                  "old" if old != "-" else "new")
+    return float(out["seconds"])
 
 
 def main() -> None:
@@ -91,14 +68,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="Timed rounds per arm (after one warm-up).")
     ap.add_argument("--steps", type=int, default=6, help="League steps timed per round.")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of both arms.")
+    ap.add_argument("--old", default=OLD_COMMIT, help="The commit to compare with.")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="league-speed-") as tmp:
-        old = str(export_old(Path(tmp) / "old"))
+        old = str(export(args.old, Path(tmp) / "old"))
         config = shared_config(Path(tmp))
         times: dict[str, list[float]] = {"old": [], "new": []}
         for r in range(args.rounds + 1):
             for name, code in (("old", old), ("new", "-")):
-                seconds = run_arm(code, config, Path(tmp) / f"{name}{r}", args.steps,
+                seconds = league_arm(code, config, Path(tmp) / f"{name}{r}", args.steps,
                                   args.threads)
                 if r:  # round 0 warms the file cache and pip's byte-compiled modules
                     times[name].append(seconds / args.steps)
@@ -108,7 +86,7 @@ def main() -> None:
     print(f"\nexamples/ttt_league.yaml, {args.steps} steps x {args.rounds} rounds, "
           f"{args.threads} threads")
     print(f"{'code':<28}{'s/step':>8}{'steps/min':>11}")
-    print(f"{'before (' + OLD_COMMIT + ')':<28}{med['old']:>8.3f}{60 / med['old']:>11.1f}")
+    print(f"{'before (' + args.old + ')':<28}{med['old']:>8.3f}{60 / med['old']:>11.1f}")
     print(f"{'controller runtime':<28}{med['new']:>8.3f}{60 / med['new']:>11.1f}")
     ratio = med["old"] / med["new"]
     print(f"steps/min ratio new/old: {ratio:.2f}x (>= 1.00 means no slower)")

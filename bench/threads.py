@@ -82,9 +82,12 @@ def main() -> None:
         t = measure(args.rounds, args.steps, busy)
         d, one = statistics.median(t["default"]), statistics.median(t["threads=1"])
         chosen = sorted({int(c) for c in t["chosen"] if c is not None})
-        print(f"{'one core busy' if busy else 'as the machine is':18s} default {d:6.2f} s/step "
-              f"(tuner chose {chosen}), threads=1 {one:6.2f} s/step, "
-              f"default/threads=1 steps per second: {one / d:.2f}x")
+        pairs = list(zip(t["threads=1"], t["default"]))
+        print(f"{'one core busy' if busy else 'as the machine is':18s} default {1 / d:6.3f} "
+              f"steps/s ({d:.2f} s/step, tuner chose {chosen}), threads=1 {1 / one:6.3f} "
+              f"steps/s ({one:.2f} s/step), default/threads=1 steps per second: "
+              f"{one / d:.2f}x (per round {', '.join(f'{o / x:.2f}' for o, x in pairs)}); "
+              f"load average {os.getloadavg()[0]:.2f}", flush=True)
 
 
 if __name__ == "__main__":
