@@ -4,9 +4,10 @@ One run of examples/arith_grpo.yaml's setting (2-digit addition, llama-tiny, byt
 
 1. the SFT warm start alone (``train.steps=0``): its final_model is both arms' starting policy;
 2. examples/train_reward_model.py trains a reward model from that SFT model's backbone (more
-   next-token steps on right answers, then a scalar head, Bradley-Terry loss) on the right
-   answer vs hard negatives and vs the SFT policy's own wrong samples, on prompts of the task's
-   training split, and reports its accuracy per negative kind on held-out prompts;
+   next-token steps on right answers, two layers on top, a pointwise head whose reward is
+   P(right), a per-token "right so far" loss beside it) on the right answer vs hard negatives
+   (weighted to the tens digit) and vs the SFT policy's own wrong samples, on prompts of the
+   task's training split, and reports its accuracy per negative kind on held-out prompts;
 3. per seed, GRPO from the SFT model twice, same seed, prompts and steps: ``reward:
    exact_match`` and ``reward: {model: RM}``; held-out exact match (greedy, the task's eval
    split, which the reward model never saw) before and after, side by side, and the ratio of
@@ -49,8 +50,11 @@ def train_rm(folder: Path, policy: Path, args: argparse.Namespace) -> dict:
 
     return train_reward_model.train(
         folder, init=str(policy), policy=str(policy), lm_steps=args.rm_lm_steps,
-        steps=args.rm_steps, loss=args.rm_loss, policy_samples_per_prompt=args.rm_samples,
-        extra_layers=args.rm_extra_layers, log_every=250)
+        steps=args.rm_steps, lr=args.rm_lr, loss=args.rm_loss,
+        policy_samples_per_prompt=args.rm_samples, extra_layers=args.rm_extra_layers,
+        position_loss=args.rm_position_loss,
+        negative_weights=train_reward_model.parse_weights(args.rm_negative_weights),
+        log_every=250)
 
 
 def main() -> None:
@@ -59,14 +63,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100, help="GRPO steps of each arm")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="GRPO seeds")
     ap.add_argument("--jobs", type=int, default=4, help="GRPO runs at once (fresh processes)")
-    ap.add_argument("--rm-steps", type=int, default=800, help="reward model pair steps")
+    ap.add_argument("--rm-steps", type=int, default=1200, help="reward model pair steps")
+    ap.add_argument("--rm-lr", type=float, default=3e-4, help="reward model pair-step lr")
     ap.add_argument("--rm-lm-steps", type=int, default=600,
                     help="reward model next-token steps before the pairs")
     ap.add_argument("--rm-loss", choices=("bt", "bce"), default="bce")
     ap.add_argument("--rm-samples", type=int, default=4,
                     help="policy samples per prompt as on-policy negatives")
-    ap.add_argument("--rm-extra-layers", type=int, default=0,
+    ap.add_argument("--rm-extra-layers", type=int, default=2,
                     help="decoder layers the reward model adds on top of the SFT backbone")
+    ap.add_argument("--rm-position-loss", type=float, default=1.0,
+                    help="weight of the reward model's per-token 'right so far' loss")
+    ap.add_argument("--rm-negative-weights", nargs="*", default=["off_by_10=6", "tens_digit=6"],
+                    metavar="KIND=W",
+                    help="relative weights of the reward model's hard-negative kinds")
     ap.add_argument("--policy", default=None,
                     help="start from this SFT model folder (a run's final_model) instead of "
                          "running the warm start")

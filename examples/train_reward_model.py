@@ -2,34 +2,42 @@
 (one scalar head) that prefers the right answer, saved as a Hugging Face folder for
 ``reward: {model: FOLDER}``.
 
-    python examples/train_reward_model.py --out runs/arith_rm --init runs/arith_sft/final_model \\
-        --policy runs/arith_sft/final_model
-    python examples/train_reward_model.py --out rm --steps 50 --preset llama-nano --digits 1
+    # the recipe that drives GRPO (docs/rewards.md, "Learned reward models"):
+    python examples/train_reward_model.py --out runs/arith_rm --init runs/arith_sft/final_model \
+        --policy runs/arith_sft/final_model --lm-steps 600 --steps 1200 --lr 3e-4 \
+        --extra-layers 2 --position-loss 1 --negative-weights off_by_10=6 tens_digit=6
+    python examples/train_reward_model.py --out rm --steps 50 --preset llama-nano --lm-steps 0
 
 Data: distinct prompts of the task's *training* split (the same generator and seed as
 examples/arith_grpo.yaml, so the GRPO run's held-out prompts are never seen); ``--heldout``
 of them are kept apart to measure the reward model. Each prompt's right answer is paired with
-wrong ones of two sources, in equal shares:
+a wrong one of two sources:
 
-* hard negatives, one kind per pair, kinds drawn uniformly (:data:`NEGATIVES`): off by 1, off
-  by 10, off by a few, a digit changed, two digits swapped, one dropped or added, the sign
-  flipped, the right answer followed by junk or repeated, truncated, empty;
-* on-policy negatives: ``--policy-samples`` replies to each of ``--policy-prompts`` prompts
-  sampled (temperature 1) from ``--policy``, the SFT model GRPO starts from, those that exact
-  match marks wrong: the distribution the reward model will score.
+* hard negatives, one kind per pair (:data:`NEGATIVES`), kinds drawn in proportion to
+  ``--negative-weights KIND=W ...`` (1 each by default): off by 1, off by 10, off by a few, a
+  digit changed, two digits swapped, one dropped or added, the sign flipped, the right answer
+  followed by junk or repeated, truncated, empty, the tens digit changed;
+* on-policy negatives (``--policy-share`` of the pairs, 0.5 by default): ``--policy-samples``
+  replies to each of ``--policy-prompts`` prompts sampled (temperature 1) from ``--policy``, the
+  SFT model GRPO starts from, those that exact match marks wrong: the distribution the reward
+  model will score.
 
 Model: the backbone of ``--init`` (a causal-LM folder: the policy's SFT model, as RLHF reward
 models start from the SFT model) or a fresh ``--preset``, first trained ``--lm-steps`` more
 steps of next-token loss on right answers (a classifier trained on pairs alone learns the
 surface of answers, not the sums: it must be able to add to tell 57 from 58), then
-``--extra-layers`` decoder layers on top that start as the identity (the backbone predicts
-each digit at the position before it; comparing that with the digit written takes layers
-after it), then a fresh scalar head, all trained with ``--loss bt`` (Bradley-Terry,
-``-log sigmoid(r(right) - r(wrong))``) or ``--loss bce`` (pointwise: right -> 1, wrong -> 0
-on the same logit; saved with 2 labels, so the reward is P(right)).
+``--extra-layers`` decoder layers on top that start as the identity, then a fresh scalar head,
+all trained (``--freeze-backbone``: the new layers, final norm and head only) with ``--loss
+bt`` (Bradley-Terry, ``-log sigmoid(r(right) - r(wrong))``) or ``--loss bce`` (pointwise:
+right -> 1, wrong -> 0 on the same logit; saved with 2 labels, so the reward is P(right)).
 
-docs/rewards.md has what it reaches: it learns every malformed answer, not near misses, and
-GRPO driven by it collapses; ``bench/reward_model_grpo.py`` measures that.
+Why the extra layers and ``--position-loss``: the backbone predicts each digit at the position
+before it, so the last token (where the reward is read) can check its own digit against that
+prediction, but not the tens digit: that verdict has to be formed at the tens digit's position
+and gathered from there, which takes a layer to form it and one above to gather it. Without
+them the reward passes answers off by 10 (docs/rewards.md). ``--position-loss W`` adds W times
+a per-token loss on the layer below the last: "is the reply so far a prefix of the right
+answer?" (:class:`PositionProbe`, not saved), so the verdicts are there to gather.
 
 Reported (and written to ``OUT/reward_model.json``): on the held-out prompts, the share of
 pairs ranked right per negative kind, and against the policy's own wrong samples.
@@ -83,6 +91,19 @@ def _digit_added(a: str, rng: random.Random) -> str:
     return a[:i] + str(rng.randint(0, 9)) + a[i:]
 
 
+def _tens_digit(a: str, rng: random.Random) -> str:
+    """The tens digit replaced by another one (a nonzero one put in front of a 1-digit
+    answer): a carry or tens-column mistake, the near miss a last-digit check passes."""
+    spots = _digits(a)
+    if len(spots) < 2:
+        return a[:spots[0]] + str(rng.randint(1, 9)) + a[spots[0]:]
+    i = spots[-2]
+    digit = (int(a[i]) + rng.randint(1, 9)) % 10
+    if i == spots[0] and digit == 0:  # no leading zero: that would be a dropped digit
+        digit = rng.choice([d for d in range(1, 10) if d != int(a[i])])
+    return a[:i] + str(digit) + a[i + 1:]
+
+
 def _junk(rng: random.Random) -> str:
     return "".join(rng.choice("0123456789+=- x") for _ in range(rng.randint(1, 3)))
 
@@ -103,6 +124,7 @@ NEGATIVES: dict[str, Callable[[str, random.Random], str]] = {
     "repeated": lambda a, rng: a + a,
     "truncated": lambda a, rng: a[:rng.randrange(len(a))],
     "empty": lambda a, rng: rng.choice(["", " ", "="]),
+    "tens_digit": _tens_digit,
 }
 
 
@@ -147,17 +169,18 @@ def policy_samples(folder: str | Path, prompts: list[str], k: int, seed: int,
     return out
 
 
-def policy_negatives(folder: str | Path | None, examples: list[Example], k: int,
+def policy_negatives(folders: str | Path | list[str] | None, examples: list[Example], k: int,
                      seed: int, limit: int | None = None) -> list[list[str]]:
-    """Per example, the distinct sampled replies that exact match marks wrong (sampled for
-    the first ``limit`` examples only; none for the rest)."""
-    if folder is None or k == 0:
-        return [[] for _ in examples]
+    """Per example, the distinct replies sampled from any of ``folders`` that exact match
+    marks wrong (sampled for the first ``limit`` examples only; none for the rest)."""
+    folders = [folders] if isinstance(folders, (str, Path)) else folders or []
     sampled = examples[:limit]
-    samples = policy_samples(folder, [ex.prompt for ex in sampled], k, seed)
-    wrong = [sorted({s for s in group if not exact_match(ex.prompt, s, ex.info)})
-             for ex, group in zip(sampled, samples)]
-    return wrong + [[] for _ in examples[len(sampled):]]
+    wrong: list[set[str]] = [set() for _ in sampled]
+    for folder in folders if k else []:
+        samples = policy_samples(folder, [ex.prompt for ex in sampled], k, seed)
+        for bad, ex, group in zip(wrong, sampled, samples):
+            bad |= {s for s in group if not exact_match(ex.prompt, s, ex.info)}
+    return [sorted(bad) for bad in wrong] + [[] for _ in examples[len(sampled):]]
 
 
 def build_classifier(preset: str, seed: int, init: str | None, lm_steps: int, lr: float,
@@ -244,20 +267,86 @@ def _update(opt: torch.optim.Optimizer, sched: Any, model: Any, loss: torch.Tens
     sched.step()
 
 
+class PositionProbe:
+    """A linear head on the layer below the last that reads, at each reply token, whether the
+    reply so far is a prefix of the right answer. Trained beside the reward (``--position-loss``)
+    and then dropped: the saved model is the classifier alone. Why: the reward is read at the
+    last token, which can check its own digit against the backbone's prediction one position
+    back, but an earlier digit's verdict must be formed at that digit's position (with the
+    prediction made before it) and gathered from there by the last layer; this supervises
+    the verdicts where the last layer can gather them."""
+
+    def __init__(self, model: Any, depth: int) -> None:
+        self.norm = model.model.norm
+        self.head = torch.nn.Linear(model.config.hidden_size, 1)
+        self.hidden: torch.Tensor | None = None
+        model.model.layers[depth - 1].register_forward_hook(self._keep)
+
+    def _keep(self, module: Any, args: Any, out: Any) -> None:
+        self.hidden = out[0] if isinstance(out, tuple) else out
+
+    def loss(self, tokenizer: Any, responses: list[str], answers: list[str]) -> torch.Tensor:
+        """BCE over the reply tokens of the last forward pass (left-padded, so a reply's
+        tokens are its row's last ones): label 1 where the reply so far starts the answer."""
+        assert self.hidden is not None
+        logits = self.head(self.norm(self.hidden))[..., 0]  # [B, T]
+        rows, cols, labels = prefix_labels(tokenizer, responses, answers, logits.shape[1])
+        if not rows:
+            return logits.sum() * 0
+        return F.binary_cross_entropy_with_logits(logits[rows, cols], torch.tensor(labels))
+
+
+def prefix_labels(tokenizer: Any, responses: list[str], answers: list[str],
+                  width: int) -> tuple[list[int], list[int], list[float]]:
+    """(row, column, label) of each reply character's last token in left-padded rows of
+    ``width`` tokens (a reply is its row's end): 1.0 where the reply up to that character is
+    a prefix of the answer."""
+    rows, cols, labels = [], [], []
+    for b, (response, answer) in enumerate(zip(responses, answers)):
+        for j in range(len(response)):
+            after = len(tokenizer.encode(response[j + 1:], add_special_tokens=False))
+            rows.append(b)
+            cols.append(width - 1 - after)
+            labels.append(float(answer.startswith(response[:j + 1])))
+    return rows, cols, labels
+
+
 def draw_pairs(examples: list[Example], policy_wrong: list[list[str]], n: int,
-               rng: random.Random) -> list[tuple[str, str, str]]:
-    """``n`` (prompt, right, wrong) pairs: half of them of prompts with policy samples, a
-    policy sample as the wrong reply; the rest with a hard negative of a uniformly drawn kind."""
+               rng: random.Random, weights: dict[str, float] | None = None,
+               policy_share: float = 0.5) -> list[tuple[str, str, str]]:
+    """``n`` (prompt, right, wrong) pairs: ``policy_share`` of them of prompts with policy
+    samples, a policy sample as the wrong reply; the rest with a hard negative of a kind drawn
+    in proportion to ``weights`` (default 1 per kind)."""
     sampled = [i for i, wrong in enumerate(policy_wrong) if wrong]
+    kinds = list(NEGATIVES)
+    odds = [(weights or {}).get(kind, 1.0) for kind in kinds]
     out = []
     for _ in range(n):
-        if sampled and rng.random() < 0.5:
+        if sampled and rng.random() < policy_share:
             i = rng.choice(sampled)
             out.append((examples[i].prompt, examples[i].answer, rng.choice(policy_wrong[i])))
         else:
             ex = rng.choice(examples)
-            out.append((ex.prompt, ex.answer,
-                        negative(rng.choice(list(NEGATIVES)), ex.answer, rng)))
+            kind = rng.choices(kinds, odds)[0]
+            out.append((ex.prompt, ex.answer, negative(kind, ex.answer, rng)))
+    return out
+
+
+def parse_weights(items: list[str]) -> dict[str, float]:
+    """``["off_by_10=6", ...]`` -> ``{"off_by_10": 6.0}``; unknown kinds and negative weights
+    are one-line errors naming the valid kinds."""
+    out = {}
+    for item in items:
+        kind, _, value = item.partition("=")
+        if kind not in NEGATIVES:
+            raise ValueError(f"--negative-weights: unknown kind {kind!r}; valid: "
+                             f"{', '.join(NEGATIVES)}")
+        try:
+            out[kind] = float(value)
+        except ValueError:
+            raise ValueError(f"--negative-weights: {item!r} is not KIND=NUMBER") from None
+        if out[kind] < 0:
+            raise ValueError(f"--negative-weights: {kind} has a negative weight")
     return out
 
 
@@ -298,6 +387,24 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example],
     return result
 
 
+def pair_loss(model: Any, tokenizer: Any, batch: list[tuple[str, str, str]], loss: str,
+              probe: PositionProbe, position_loss: float) -> torch.Tensor:
+    """The loss of a batch of (prompt, right, wrong) pairs: Bradley-Terry (``bt``) or
+    pointwise (``bce``) on the head's logit, plus ``position_loss`` times the probe's."""
+    prompts = [p for p, _, _ in batch] * 2
+    responses = [r for _, r, _ in batch] + [w for _, _, w in batch]
+    logits = model(**encode(tokenizer, prompts, responses, MAX_LENGTH)).logits[:, 0]
+    good, bad = logits[:len(batch)], logits[len(batch):]
+    if loss == "bt":
+        value = -F.logsigmoid(good - bad).mean()
+    else:  # pointwise, balanced: one right and one wrong reply per prompt
+        value = (F.softplus(-good) + F.softplus(bad)).mean()
+    if position_loss:
+        answers = [r for _, r, _ in batch] * 2
+        value = value + position_loss * probe.loss(tokenizer, responses, answers)
+    return value
+
+
 def probability_head(model: Any) -> Any:
     """The classifier with 2 labels whose label-1 probability is ``sigmoid(logit)``: a
     pointwise model's reward is then P(right), near 0 for every wrong reply, so a group of
@@ -326,8 +433,10 @@ def train(out: str | Path, preset: str = "llama-tiny", steps: int = 600, batch_s
           lr: float = 1e-3, seed: int = 0, digits: int = 2, ops: tuple[str, ...] = ("+",),
           train_size: int = 20000, eval_size: int = 256, heldout: int = 256,
           task_seed: int = 1234, init: str | None = None, lm_steps: int = 300, lm_lr: float = 1e-3,
-          policy: str | None = None, policy_samples_per_prompt: int = 4,
+          policy: str | list[str] | None = None, policy_samples_per_prompt: int = 4,
           policy_prompts: int = 2000, loss: str = "bce", extra_layers: int = 0,
+          negative_weights: dict[str, float] | None = None, policy_share: float = 0.5,
+          position_loss: float = 0.0, freeze_backbone: bool = False,
           log_every: int = 50) -> dict[str, Any]:
     """Trains and saves the reward model to ``out``. Returns the final loss and the held-out
     pair accuracies (``heldout_accuracy``: over all pairs; ``heldout_by_kind``), also
@@ -345,25 +454,26 @@ def train(out: str | Path, preset: str = "llama-tiny", steps: int = 600, batch_s
     model, tokenizer, adds = build_classifier(preset, seed, init, lm_steps, lm_lr, batch_size,
                                               train_set, extra_layers, heldout_set)
     print(f"backbone greedy exact match on the held-out prompts: {adds:.3f}", flush=True)
+    if freeze_backbone:  # keep the sums it learned to predict; only the layers above learn
+        depth = model.config.num_hidden_layers - extra_layers
+        for part in (model.model.embed_tokens, *model.model.layers[:depth]):
+            part.requires_grad_(False)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = _schedule(opt, steps)
     value = torch.tensor(0.0)
+    probe = PositionProbe(model, model.config.num_hidden_layers - 1)
+    opt = torch.optim.AdamW([p for p in [*model.parameters(), *probe.head.parameters()]
+                             if p.requires_grad], lr=lr, weight_decay=0.0)
+    sched = _schedule(opt, steps)
     for step in range(1, steps + 1):
-        batch = draw_pairs(train_set, train_wrong, batch_size, rng)
-        prompts = [p for p, _, _ in batch] * 2
-        responses = [r for _, r, _ in batch] + [w for _, _, w in batch]
-        logits = model(**encode(tokenizer, prompts, responses, MAX_LENGTH)).logits[:, 0]
-        good, bad = logits[:len(batch)], logits[len(batch):]
-        if loss == "bt":
-            value = -F.logsigmoid(good - bad).mean()
-        else:  # pointwise, balanced: one right and one wrong reply per prompt
-            value = (F.softplus(-good) + F.softplus(bad)).mean()
+        batch = draw_pairs(train_set, train_wrong, batch_size, rng, negative_weights,
+                           policy_share)
+        value = pair_loss(model, tokenizer, batch, loss, probe, position_loss)
         _update(opt, sched, model, value)
         if log_every and step % log_every == 0:
             acc = evaluate(model, tokenizer, heldout_set, heldout_wrong, seed + 5)
             print(f"step {step:5d}  loss {value.item():.4f}  held-out pair accuracy "
-                  f"{acc['all']:.3f}  off_by_1 {acc['off_by_1']:.3f}  policy "
+                  f"{acc['all']:.3f}  off_by_1 {acc['off_by_1']:.3f}  off_by_10 "
+                  f"{acc['off_by_10']:.3f}  tens_digit {acc['tens_digit']:.3f}  policy "
                   f"{acc.get('policy', float('nan')):.3f}", flush=True)
     by_kind = evaluate(model, tokenizer, heldout_set, heldout_wrong, seed + 5)
     result = {"loss": value.item(), "heldout_accuracy": by_kind["all"],
@@ -371,7 +481,9 @@ def train(out: str | Path, preset: str = "llama-tiny", steps: int = 600, batch_s
               "heldout_policy_pairs": sum(len(w) for w in heldout_wrong),
               "backbone_exact_match": adds, "steps": steps, "lm_steps": lm_steps,
               "extra_layers": extra_layers, "loss_kind": loss, "preset": preset,
-              "init": init, "policy": policy, "digits": digits}
+              "init": init, "policy": policy, "digits": digits,
+              "negative_weights": negative_weights or {}, "policy_share": policy_share,
+              "position_loss": position_loss, "freeze_backbone": freeze_backbone}
     out = Path(out)
     if loss == "bce":
         model = probability_head(model)
@@ -386,31 +498,51 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="folder to save the reward model to")
     ap.add_argument("--preset", default="llama-tiny", help="model preset when no --init")
     ap.add_argument("--init", default=None, help="causal-LM folder to start the backbone from")
-    ap.add_argument("--policy", default=None,
-                    help="causal-LM folder (the policy GRPO starts from) to sample negatives of")
+    ap.add_argument("--policy", nargs="+", default=None,
+                    help="causal-LM folders to sample negatives of: the policy GRPO starts "
+                         "from, and for a refreshed model also GRPO policies trained with it")
     ap.add_argument("--policy-samples", type=int, default=4, help="samples per prompt")
     ap.add_argument("--policy-prompts", type=int, default=2000,
                     help="training prompts to sample the policy on")
     ap.add_argument("--steps", type=int, default=600, help="pair training steps")
     ap.add_argument("--batch-size", type=int, default=64, help="pairs per step")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=1e-3,
+                    help="pair-training learning rate (3e-4 with --extra-layers: at 1e-3 "
+                         "they did not learn near misses)")
     ap.add_argument("--loss", choices=("bt", "bce"), default="bce",
                     help="bce ranked near misses far better than bt here (docs/rewards.md)")
     ap.add_argument("--lm-steps", type=int, default=300,
                     help="next-token steps on right answers before the pairs")
     ap.add_argument("--extra-layers", type=int, default=0,
                     help="decoder layers added on top of the backbone (start as the identity)")
+    ap.add_argument("--negative-weights", nargs="*", default=[], metavar="KIND=W",
+                    help="relative weights of hard-negative kinds (default 1 each), e.g. "
+                         "off_by_10=6 tens_digit=6")
+    ap.add_argument("--policy-share", type=float, default=0.5,
+                    help="share of pairs whose wrong reply is a policy sample")
+    ap.add_argument("--position-loss", type=float, default=0.0,
+                    help="weight of a per-token 'reply right so far' loss on the layer below "
+                         "the last (a training aid; not saved)")
+    ap.add_argument("--freeze-backbone", action="store_true",
+                    help="train only the --extra-layers, the final norm and the head")
     ap.add_argument("--digits", type=int, default=2)
     ap.add_argument("--train-size", type=int, default=20000, help="task training examples")
     ap.add_argument("--heldout", type=int, default=256, help="prompts kept apart to measure")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    try:
+        weights = parse_weights(args.negative_weights)
+    except ValueError as e:
+        ap.error(str(e))
     result = train(args.out, args.preset, args.steps, args.batch_size, args.lr, args.seed,
                    args.digits, train_size=args.train_size, heldout=args.heldout,
                    init=args.init, lm_steps=args.lm_steps, policy=args.policy,
                    policy_samples_per_prompt=args.policy_samples,
                    policy_prompts=args.policy_prompts, loss=args.loss,
-                   extra_layers=args.extra_layers)
+                   extra_layers=args.extra_layers,
+                   negative_weights=weights,
+                   policy_share=args.policy_share, position_loss=args.position_loss,
+                   freeze_backbone=args.freeze_backbone)
     kinds = "  ".join(f"{k} {v:.3f}" for k, v in result["heldout_by_kind"].items())
     print(f"saved {args.out}: held-out pair accuracy by kind: {kinds}")
 

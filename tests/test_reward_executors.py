@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from transformers import AutoTokenizer
 
 from agentrt.config import TrainConfig, validate_config
 from agentrt.errors import ConfigError
 from agentrt.guards import RunStopped
 from agentrt.rewards import Sample, build_executor, check_reward, parse_reward
+from agentrt.rewards.model import encode
 from agentrt.tasks import make_splits
 from agentrt.trainer import Trainer
 
@@ -240,6 +242,17 @@ def test_reward_model_learns_to_prefer_right_answers_and_drives_grpo(tmp_path, n
     for answer in ("0", "7", "10", "99", "118", "-5"):
         for kind in rm.NEGATIVES:  # every hard negative is wrong by exact match
             assert rm.negative(kind, answer, rng).strip() != answer, (kind, answer)
+    assert {rm.negative("tens_digit", "118", rng)[::2] for _ in range(20)} == {"18"}
+    assert rm.parse_weights(["off_by_10=6", "tens_digit=0.5"]) == {"off_by_10": 6.0,
+                                                                   "tens_digit": 0.5}
+    with pytest.raises(ValueError, match="unknown kind 'off_by_11'; valid: off_by_1, "):
+        rm.parse_weights(["off_by_11=2"])
+    # the per-token loss reads each reply character where the classifier's input has it
+    tokenizer = AutoTokenizer.from_pretrained(nano_dir)
+    ids = encode(tokenizer, ["26+53=", "1+2="], ["78", "7x"], 16)["input_ids"]
+    rows, cols, labels = rm.prefix_labels(tokenizer, ["78", "7x"], ["79", "3"], ids.shape[1])
+    assert [tokenizer.decode(ids[r, c]) for r, c in zip(rows, cols)] == ["7", "8", "7", "x"]
+    assert labels == [1.0, 0.0, 0.0, 0.0]
     task_train, task_eval = make_splits("arithmetic", {"digits": 1}, 200, 20, 1234)
     train, heldout = rm.split_prompts(task_train, 20, seed=1)
     prompts = {ex.prompt for ex in train}
@@ -250,7 +263,7 @@ def test_reward_model_learns_to_prefer_right_answers_and_drives_grpo(tmp_path, n
     result = rm.train(folder, preset="llama-nano", steps=100, batch_size=32, lr=3e-3, seed=0,
                       digits=1, train_size=200, eval_size=20, heldout=20, lm_steps=0,
                       policy=str(nano_dir), policy_samples_per_prompt=2, extra_layers=1,
-                      log_every=0)
+                      negative_weights={"tens_digit": 2.0}, position_loss=0.5, log_every=0)
     by_kind = result["heldout_by_kind"]
     assert set(by_kind) == {*rm.NEGATIVES, "policy", "all"}, by_kind
     assert result["heldout_policy_pairs"] > 0 and by_kind["policy"] >= 0.9, result
