@@ -45,7 +45,8 @@ from agentrt.progress import StepProgress
 from agentrt.identity import RunFolderError
 from agentrt.run import RunDir, Timer, load_checkpoint, rng_state, set_rng_state, truncate_jsonl
 from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunnerConfig, RunResult
-from agentrt.threads import ThreadTuner, apply_threads, forward_probe, threads_auto
+from agentrt.threads import (ThreadTuner, apply_threads, forward_probe, spare_cpus,
+                             threads_auto)
 from agentrt.threads import set_threads  # noqa: F401 - the commands set threads from here
 from agentrt.versions import VersionBook
 
@@ -378,14 +379,15 @@ class Controller:
 
     def _tune_threads(self) -> None:
         """With ``threads`` unset, the fastest thread count for the first in-process policy's
-        forward pass, checked again every 25 steps (:mod:`agentrt.threads`). Ray workers use
-        ``runtime.resources.cpus_per_worker`` threads and are not tuned."""
+        forward pass (more than one only where spare CPUs allow), checked again every 25 steps
+        (:mod:`agentrt.threads`). Ray workers use ``runtime.resources.cpus_per_worker`` threads
+        and are not tuned."""
         local = [p for p in self.pools if isinstance(p, LocalPool)]
         if not threads_auto() or not local:
             return
         engine = local[0].engine
         probe = forward_probe(engine.model, len(local[0].tokenizer))
-        self.tuner = ThreadTuner(probe)
+        self.tuner = ThreadTuner(probe, spare=spare_cpus)
         self.tuner.tune()
 
     def learners(self) -> list[str]:

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from agentrt.config import validate_config
 from agentrt.threads import (ThreadTuner, apply_threads, candidates, forward_probe, set_threads,
-                             usable_cpus)
+                             spare_cpus, usable_cpus)
 from agentrt.trainer import Trainer
 from test_trainer import rows, small_config  # also registers the test rewards
 
@@ -95,6 +95,35 @@ def test_fewer_threads_unless_more_are_faster_by_the_margin(restore_threads, cos
     assert tuner.tune() == (2 if cost_of_2 * 1.1 < 1.0 else 1)
 
 
+@pytest.mark.parametrize("spare", [0.3, 1.2, 1.6, 2.0])
+def test_more_threads_are_timed_only_when_spare_cpus_fit_them(restore_threads, spare):
+    """On a busy machine the default is one thread with nothing timed (the probe's cost made it
+    slower than threads=1); with a CPU spare both counts are timed and the faster one kept."""
+    timed, now = [], [0.0]
+
+    def piece():  # 2 threads twice as fast, as on an idle machine
+        timed.append(torch.get_num_threads())
+        now[0] += 0.5 if torch.get_num_threads() == 2 else 1.0
+
+    tuner = ThreadTuner([piece], cpus=2, rounds=2, clock=lambda: now[0], spare=lambda: spare)
+    if spare < 1.5:
+        assert (tuner.tune(), timed, tuner.last) == (1, [], {1: 0.0})
+        assert torch.get_num_threads() == 1
+    else:
+        assert tuner.tune() == 2 and set(timed) == {1, 2}
+
+
+def test_spare_cpus_leaves_out_this_process_own_threads(restore_threads):
+    torch.set_num_threads(1)
+    one = spare_cpus()
+    torch.set_num_threads(2)
+    two = spare_cpus()
+    load = os.getloadavg()[0]
+    assert one <= usable_cpus() and two <= usable_cpus()
+    if load >= 2:  # both counts within the load: the second thread is one more CPU spare
+        assert two == pytest.approx(one + 1, abs=0.3)  # the load average moved in between
+
+
 def test_probe_leaves_the_model_and_rng_as_they_were(restore_threads, tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     model.train()
@@ -127,7 +156,8 @@ def test_a_run_without_threads_is_tuned_and_one_with_threads_is_pinned(restore_t
     auto = Trainer(validate_config(small_config(tmp_path / "auto", tiny_model_dir,
                                                 **{"train.steps": 2})))
     auto.run()
-    assert auto.controller.tuner is not None and set(auto.controller.tuner.last) == {1, 2}
+    # 2 threads are timed only where the load average leaves a CPU spare (test_spare_cpus_...)
+    assert auto.controller.tuner is not None and set(auto.controller.tuner.last) in ({1}, {1, 2})
     assert [r["perf/threads"] for r in rows(tmp_path / "auto")[1:]] == \
         [float(auto.controller.tuner.threads)] * 2
 
