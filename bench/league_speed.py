@@ -77,7 +77,7 @@ def main() -> None:
         for r in range(args.rounds + 1):
             for name, code in (("old", old), ("new", "-")):
                 seconds = league_arm(code, config, Path(tmp) / f"{name}{r}", args.steps,
-                                  args.threads)
+                                     args.threads)
                 if r:  # round 0 warms the file cache and pip's byte-compiled modules
                     times[name].append(seconds / args.steps)
                 print(f"round {r} {name}: {seconds / args.steps:.3f} s/step"

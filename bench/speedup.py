@@ -140,9 +140,12 @@ def report(res: dict[tuple[str, str, bool], list[dict]], args: argparse.Namespac
         label = {"league": "league steps/min" + (" (full)" if full else
                                                  f" ({args.league_steps} steps)"),
                  "arith": "arith bench wall s"}[kind]
+        # CPU seconds per step (league) or per run (arith): steadier than wall time under load
+        cpu = [(o["cpu"] / o["steps"]) / (n["cpu"] / n["steps"]) for o, n in zip(old, new)]
         print(f"{label:<28} old {mo:8.1f}  {name:<4} {mn:8.1f}  {name}/old speed "
               f"{statistics.median(per):.2f}x (per repetition "
-              f"{', '.join(f'{p:.2f}' for p in per)}), {len(per)} run(s) per arm")
+              f"{', '.join(f'{p:.2f}' for p in per)}), per CPU second "
+              f"{statistics.median(cpu):.2f}x, {len(per)} run(s) per arm")
 
     for name in ("new", "new+"):
         ratio("league", True, "steps_per_min", False, name)
