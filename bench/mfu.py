@@ -9,7 +9,7 @@ GRPO update on that batch (forward + backward = 3 x the forward FLOPs of its rea
 not counted) per second of the update. MFU = achieved / peak, printed against both peaks.
 
 Run: ``.venv/bin/python bench/mfu.py [--models llama-small,llama-tiny] [--batch 256]
-[--tokens 32] [--threads 2] [--dtype fp32|bf16] [--reps 3]``
+[--tokens 32] [--threads 2] [--dtype fp32|bf16] [--reps 3] [--profile]``
 """
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ def forward_flops(model: nn.Module, positions: list[int]) -> float:
     return sum(lin + 4 * c.num_hidden_layers * width * (t + 1) for t in positions)
 
 
+def lengths_of(batch) -> list[int]:
+    return batch.attention_mask.sum(-1).tolist()
+
+
 def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float]:
     from agentrt.config import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
     from agentrt.engine import HybridEngine
@@ -85,9 +89,17 @@ def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float
         eng.prepare(batch)
         eng.compute_advantages(batch)
         start = time.perf_counter()
-        eng.update(batch)
+        if a.profile and rep == a.reps - 1:  # the op groups of one update (docs/performance.md)
+            from torch.profiler import profile
+
+            with profile() as prof:
+                eng.update(batch)
+            print(f"{preset} update, {a.dtype}, {sum(lengths_of(batch))} tokens:\n"
+                  + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+        else:
+            eng.update(batch)
         seconds = time.perf_counter() - start
-        lengths = batch.attention_mask.sum(-1).tolist()
+        lengths = lengths_of(batch)
         upd.append(3 * forward_flops(eng.model, [t for n in lengths for t in range(n)]) / seconds)
         if rep == 0:
             per_token = forward_flops(eng.model, pos) / len(pos)
@@ -104,6 +116,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--profile", action="store_true",
+                    help="torch.profiler table of the last repetition's update (ops by self "
+                    "time; that update's seconds then include the profiler's)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     shapes = [(a.batch, 256, 1024), (a.batch, 1024, 256), (a.batch, 128, 512),
