@@ -24,19 +24,9 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from agentrt.algos import (
-    KL_CONTROLLERS,
-    KL_ESTIMATORS,
-    POLICY_LOSSES,
-    RAEState,
-    aggregate,
-    PREFERENCE_LOSSES,
-    sequence_logps,
-    sft_token_loss,
-    value_token_loss,
-)
-from agentrt.algos.preference import group_mean
+from agentrt.algos import KL_CONTROLLERS, RAEState
 from agentrt.config import PolicyConfig, SamplingConfig
+from agentrt.micro_losses import critic_loss, policy_loss, preference_loss, sft_loss
 from agentrt.optim import ValueModel, make_optimizer, make_scheduler
 from agentrt.packing import Forward, Layout, check_packing, layout, plan_micro_batches
 from agentrt.rollout.hf import Completion
@@ -307,42 +297,6 @@ class HybridEngine:
         """Fills ``batch.advantages`` and ``batch.returns`` with the configured estimator."""
         return advantages_from(batch, self.algo, self.kl_ctl.coef, self.rae_state)
 
-    def _policy_loss(self, mb: TrainBatch, n_tok: float, n_seq: float,
-                     old_from_update: bool = False, rollout_diff: bool = False
-                     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """A micro-batch's share of the policy loss. ``old_from_update``: the old log-probs are
-        this forward's own, detached; ``rollout_diff``: report the gap of this forward's
-        log-probs to ``mb.old_logprobs`` (the rollout's) as rollout/logprob_diff."""
-        algo = self.algo
-        fwd = self.forward(self.model, mb)
-        logp = fwd.logprobs()
-        old = logp.detach() if old_from_update else mb.old_logprobs
-        token_loss, metrics = POLICY_LOSSES.get(algo.policy_loss)(
-            logp, old, mb.advantages, mb.loss_mask, algo)
-        if rollout_diff:  # a share of the mini-batch's token mean: micro-batches add up
-            gap = (logp.detach() - mb.old_logprobs).abs() * mb.loss_mask
-            metrics["rollout/logprob_diff"] = float(gap.sum()) / n_tok
-        agg = lambda x: aggregate(x, mb.loss_mask, algo.loss_agg, n_tok, n_seq)  # noqa: E731
-        pg_loss = agg(token_loss)
-        entropy = agg(fwd.entropy(grad=bool(algo.entropy_coef)))
-        loss = pg_loss - algo.entropy_coef * entropy
-        metrics.update({"actor/pg_loss": float(pg_loss.detach()), "actor/entropy": float(entropy.detach())})
-        if self.uses_reference:
-            kl = agg(KL_ESTIMATORS.get(algo.kl.estimator)(logp, mb.ref_logprobs))
-            if algo.kl.placement == "loss":
-                loss = loss + self.kl_ctl.coef * kl
-            metrics["actor/kl"] = float(kl.detach())
-        return loss, metrics
-
-    def _critic_loss(self, mb: TrainBatch, n_tok: float, n_seq: float
-                     ) -> tuple[torch.Tensor, dict[str, float]]:
-        values = self.critic_values(mb)
-        token_loss, metrics = value_token_loss(values, mb.values, mb.returns, mb.loss_mask,
-                                               self.algo.value_clip)
-        loss = aggregate(token_loss, mb.loss_mask, self.algo.loss_agg, n_tok, n_seq)
-        metrics["critic/vf_loss"] = float(loss.detach())
-        return self.algo.vf_coef * loss, metrics
-
     def optimize(self, batch: TrainBatch, loss_fn: Callable[..., tuple[torch.Tensor, dict]],
                  optimizer: torch.optim.Optimizer, params: list[nn.Parameter], prefix: str
                  ) -> dict[str, float]:
@@ -406,13 +360,14 @@ class HybridEngine:
                     mb = batch.select(order[part])
                     # the first step's weights are the rollout's: its forward measures the gap
                     loss_fn = functools.partial(
-                        self._policy_loss, old_from_update=source == "update",
+                        policy_loss, self, old_from_update=source == "update",
                         rollout_diff=source != "recompute" and epoch == 0 and i == 0)
                     for k, v in self.optimize(mb, loss_fn, self.optimizer,
                                               actor_params, "actor").items():
                         history[k].append(v)
                     if self.critic is not None:
-                        for k, v in self.optimize(mb, self._critic_loss, self.critic_optimizer,
+                        for k, v in self.optimize(mb, functools.partial(critic_loss, self),
+                                                  self.critic_optimizer,
                                                   list(self.critic.parameters()), "critic").items():
                             history[k].append(v)
         metrics = {k: sum(v) / len(v) for k, v in history.items()} | self.padding_metrics()
@@ -449,38 +404,16 @@ class HybridEngine:
         """One supervised step: token-mean cross-entropy on ``loss_mask`` tokens (dropout on, as
         in ordinary fine-tuning)."""
 
-        def loss_fn(mb: TrainBatch, n_tok: float, n_seq: float) -> tuple[torch.Tensor, dict]:
-            logp = self.forward(self.model, mb, scaled=False).logprobs()
-            return aggregate(sft_token_loss(logp, mb.loss_mask), mb.loss_mask, "token-mean",
-                             n_tok, n_seq), {}
-
         params = self.parameters()
         self.model.train()
         try:
-            metrics = self.optimize(batch, loss_fn, optimizer, params, "sft")
+            metrics = self.optimize(batch, functools.partial(sft_loss, self), optimizer, params,
+                                    "sft")
         finally:
             self.model.eval()
         metrics |= self.padding_metrics()
         self.version += 1
         return metrics | self.sync_rollout()
-
-    def preference_loss(self, mb: Any, n_tok: float, n_seq: float
-                        ) -> tuple[torch.Tensor, dict[str, float]]:
-        """A micro-batch's share of the mean per-example preference loss of its mini-batch
-        (``optimize``'s ``loss_fn``; ``n_seq`` counts the mini-batch's examples)."""
-        del n_tok
-        algo = self.algo
-        policy = sequence_logps(self.forward(self.model, mb.seqs, scaled=False).logprobs(),
-                                mb.seqs.loss_mask.to(self.device)).cpu()
-        per_example, metrics = PREFERENCE_LOSSES.get(str(algo.preference_loss))(
-            policy, mb.ref_logps, mb.index, algo)
-        if algo.chosen_nll_coef:  # RPO: keeps the chosen answers likely (arXiv:2404.19733)
-            best = mb.index.desirable > 0
-            nll = -policy[best] / mb.seqs.loss_mask[best].sum(-1).cpu().clamp_min(1.0)
-            per_example = per_example + algo.chosen_nll_coef * group_mean(
-                nll, mb.index.group[best], mb.index.num_groups)
-            metrics["pref/chosen_nll"] = float(nll.detach().mean()) if nll.numel() else 0.0
-        return per_example.sum() / n_seq, metrics
 
     def preference_update(self, batch: Any) -> dict[str, float]:
         """One optimizer step of the policy's preference loss (dpo, ipo, kto, listwise).
@@ -491,7 +424,8 @@ class HybridEngine:
         """
         params = self.parameters()
         with self._training():
-            metrics = self.optimize(batch, self.preference_loss, self.optimizer, params, "actor")
+            metrics = self.optimize(batch, functools.partial(preference_loss, self), self.optimizer,
+                                    params, "actor")
         metrics |= self.padding_metrics()
         if self.data_parallel is not None:
             metrics = self.data_parallel.reduce_metrics(metrics)

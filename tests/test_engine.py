@@ -9,6 +9,7 @@ import torch
 
 from agentrt.config import AlgorithmConfig, LoraConfig, ModelConfig, PolicyConfig, SamplingConfig
 from agentrt.engine import HybridEngine
+from agentrt.micro_losses import policy_loss
 from agentrt.errors import ModelLoadError
 from agentrt.policies import load_model
 from agentrt.types import Trajectory, Turn, collate
@@ -142,7 +143,7 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny_model_dir):
         eng.prepare(b)
         eng.compute_advantages(b)
         params = [p for p in eng.model.parameters()]
-        loss_fn = functools.partial(eng._policy_loss, old_from_update=True)  # as update does
+        loss_fn = functools.partial(policy_loss, eng, old_from_update=True)  # as update does
         eng.optimize(b, loss_fn, torch.optim.SGD(params, lr=0.0), params, "actor")
         # the accumulated (clipped) gradient: a weight step would round to the weights' ulp
         steps.append(torch.cat([p.grad.flatten() for p in params]))

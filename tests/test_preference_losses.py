@@ -10,6 +10,7 @@ import torch
 
 from agentrt.algos import PREFERENCE_LOSSES, PreferenceIndex, sequence_logps
 from agentrt.config import AlgorithmConfig
+from agentrt.micro_losses import preference_loss
 
 
 def softplus(x: float) -> float:
@@ -200,8 +201,8 @@ def test_chosen_nll_term_adds_the_per_token_nll_of_the_best_responses(tiny_model
                                   [1, 0, 2])]
     batch = make_batch(examples, tok.pad_token_id)
     batch.ref_logps = torch.tensor([-3.0, -2.0, -1.0, -4.0, -2.5])
-    base, _ = plain.preference_loss(batch, 5.0, 2.0)
-    with_nll, m = rpo.preference_loss(batch, 5.0, 2.0)
+    base, _ = preference_loss(plain, batch, 5.0, 2.0)
+    with_nll, m = preference_loss(rpo, batch, 5.0, 2.0)
     lp = sequence_logps(plain.logprobs(batch.seqs, scaled=False), batch.seqs.loss_mask)
     nll_best = [-float(lp[0]) / 3, -float(lp[3]) / 4]  # row 0 (3 tokens), row 3 (4 tokens)
     expected = float(base) + 0.5 * sum(nll_best) / 2
