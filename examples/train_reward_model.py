@@ -2,9 +2,10 @@
 (one scalar head) that prefers the right answer, saved as a Hugging Face folder for
 ``reward: {model: FOLDER}``.
 
-    # the recipe that drives GRPO (docs/rewards.md, "Learned reward models"):
+    # the recipe that drives GRPO about as far as exact match (docs/rewards.md, model F: its
+    # --policy also lists GRPO policies trained with an earlier reward model of this recipe)
     python examples/train_reward_model.py --out runs/arith_rm --init runs/arith_sft/final_model \
-        --policy runs/arith_sft/final_model --lm-steps 600 --steps 1200 --lr 3e-4 \
+        --policy runs/arith_sft/final_model --lm-steps 1200 --steps 1600 --lr 3e-4 \
         --extra-layers 2 --position-loss 1 --negative-weights off_by_10=6 tens_digit=6
     python examples/train_reward_model.py --out rm --steps 50 --preset llama-nano --lm-steps 0
 
