@@ -145,9 +145,9 @@ def describe_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str,
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"
         section = _section(field.annotation)
-        doc = field.description or (section.__doc__ or "").strip().split("\n")[0] \
-            if section else field.description or ""
+        doc = field.description or ""
         if section is not None:
+            doc = doc or (section.__doc__ or "").strip().split("\n")[0]
             rows.append((path, "section", "", doc))
             rows.extend(describe_fields(section, f"{path}."))
             continue

@@ -17,13 +17,15 @@ check, not every round: on a contended core it is the expensive one to time (mea
 under load 9: 8.6 s for 2 threads against 0.4 s for 1). ``threads: N`` in a config pins N and
 tunes nothing.
 
-The default is never slower than ``threads: 1`` (bench/threads.py prints both). One thread is
-the start and the fallback; more are chosen only when measured faster by ``margin`` on the
+The default aims never to be slower than ``threads: 1`` (bench/threads.py prints both). One
+thread is the start and the fallback; more are chosen only when measured faster by ``margin`` on the
 model's own forward. What remains is the timing itself, and on a busy machine that was the whole
 difference: with the other cores' load average at 7 the tuner chose 1 thread, yet the default ran
 0.95x the steps/s of ``threads: 1`` over 12 GRPO steps, the probe's cost. So a check times more
 threads only where the load average (this process's threads taken out) leaves a core for them;
-on a busy machine the default *is* one thread, with nothing timed.
+on a busy machine the default *is* one thread, with nothing timed. The 1-minute average lags: a
+neighbour that starts with the run is not seen at the first check (0.95x in bench/threads.py's
+"one core busy", docs/performance.md).
 
 The count is per thread: OpenMP keeps it per OS thread, and ``torch.set_num_threads`` in the
 main thread leaves every other thread at the process default of one per core. A thread that
