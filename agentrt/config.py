@@ -168,11 +168,23 @@ class PolicyConfig(Section):
         True, description="Concatenate a micro-batch's sequences into rows of at least 64 "
         "positions, position ids restarting and attention confined to each sequence, so little "
         "padding is computed; log-probs equal the padded ones (docs/architecture.md).")
+    share_prefix: bool = Field(
+        True, description="With packing: rows that start with the same prompt (a GRPO group's "
+        "completions) compute the prompt once, the completions attending to it through a 4D "
+        "attention mask; log-probs and gradients equal the unshared ones, fewer positions are "
+        "computed (docs/performance.md). Needs packing: true.")
     trainable: bool = Field(True, description="False freezes the policy (opponents, snapshots).")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     memory: MemoryConfig | None = Field(
         None, description="Memory bank this policy reads into prompts and writes at episode end "
         "(docs/memory.md); None: no memory.")
+
+    @model_validator(mode="after")
+    def _share_prefix_needs_packing(self) -> PolicyConfig:
+        if self.share_prefix and not self.packing and "share_prefix" in self.model_fields_set:
+            raise ValueError("share_prefix: sharing a prompt's positions works on packed rows; "
+                             "set packing: true or share_prefix: false")
+        return self
 
     @model_validator(mode="after")
     def _rollout_logprobs(self) -> PolicyConfig:

@@ -92,11 +92,11 @@ class HybridEngine:
         self.rae_state = RAEState.for_algorithm(self.algo)
         # Data-parallel hooks a pool worker installs (set_data_parallel); None trains alone.
         self.data_parallel: DataParallel | None = None
-        # Positions the trainer's forward passes computed, and how many were tokens (padding
-        # metrics of the next update).
-        self.computed_positions, self.computed_tokens = 0, 0
+        # Positions the trainer's forward passes computed, how many were tokens, and the tokens
+        # a shared prompt saved (metrics of the next update).
+        self.computed_positions, self.computed_tokens, self.shared_tokens = 0, 0, 0
         if cfg.packing:
-            check_packing(self.model, self.device)
+            check_packing(self.model, self.device, cfg.share_prefix)
         self.sync_rollout()  # vLLM: serve this policy's weights from the start
 
     # ------------------------------------------------------------------ set-up helpers
@@ -199,12 +199,20 @@ class HybridEngine:
         return plan_micro_batches(batch.attention_mask.sum(-1).tolist(), size,
                                   self.cfg.micro_batch_tokens, self.cfg.packing)
 
-    def layout(self, batch: TrainBatch) -> Layout:
+    def layout(self, batch: TrainBatch, share: bool = True) -> Layout:
         """The rows a forward pass of ``batch`` computes: trimmed to its longest row, or packed
-        (``policy.packing``); counted for the padding metrics."""
-        lay = layout(batch.input_ids, batch.attention_mask, self.cfg.packing, self.pad_id)
+        (``policy.packing``), rows of one prompt computing it once (``policy.share_prefix``,
+        where ``share``); counted for the padding metrics."""
+        prefix = None
+        if share and self.cfg.packing and self.cfg.share_prefix:
+            trained = batch.loss_mask > 0
+            prefix = torch.where(trained.any(-1), trained.float().argmax(-1),
+                                 batch.attention_mask.sum(-1)).long()
+        lay = layout(batch.input_ids, batch.attention_mask, self.cfg.packing, self.pad_id,
+                     prefix, int(getattr(self.model.config, "hidden_size", 0) or 0))
         self.computed_positions += lay.computed
         self.computed_tokens += lay.tokens
+        self.shared_tokens += lay.shared
         return lay
 
     def forward(self, model: nn.Module, batch: TrainBatch, scaled: bool = True) -> Forward:
@@ -220,7 +228,7 @@ class HybridEngine:
     def critic_values(self, batch: TrainBatch) -> torch.Tensor:
         """[B, T] critic values of ``batch`` (aligned like log-probs), with gradients."""
         assert self.critic is not None
-        lay = self.layout(batch)
+        lay = self.layout(batch, share=False)  # values are read per position, not predicted
         return lay.unpack(self.critic(**lay.inputs(self.device)))
 
     def padding_metrics(self) -> dict[str, float]:
@@ -228,8 +236,9 @@ class HybridEngine:
         and the update; this process's rows), then starts counting again."""
         padded = self.computed_positions - self.computed_tokens
         out = {"perf/padded_tokens": float(padded),
-               "perf/pad_fraction": padded / max(1, self.computed_positions)}
-        self.computed_positions, self.computed_tokens = 0, 0
+               "perf/pad_fraction": padded / max(1, self.computed_positions),
+               "perf/shared_tokens": float(self.shared_tokens)}
+        self.computed_positions, self.computed_tokens, self.shared_tokens = 0, 0, 0
         return out
 
     @torch.no_grad()

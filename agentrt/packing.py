@@ -10,7 +10,13 @@ as if it were a token. Three things keep that padding out of the forward passes:
   ``max(PACK_WIDTH, longest)`` positions (first-fit decreasing), with position ids restarting at
   every sequence. Transformers reads restarting position ids as packed sequences and confines
   attention to each one (a block-diagonal causal mask; ``use_cache=False`` is required, else it
-  does not look), so every token sees exactly what it saw in its own padded row.
+  does not look), so every token sees exactly what it saw in its own padded row;
+- **prefix sharing** (``policy.share_prefix``, with packing): rows that start with the same
+  prompt (a GRPO group's completions) become one packed segment, the prompt once and then each
+  completion, with a 4D attention mask that lets every completion see the prompt and itself
+  only, and position ids continuing from the prompt's. The prompt's positions are computed once
+  instead of once per row (the idea of Prefix Grouper, arXiv:2506.05433); every token still sees
+  exactly what it saw in its own row, so log-probs and gradients are those of the padded batch.
 
 A :class:`Layout` is the rows one forward pass computes; ``unpack`` brings a per-token result
 ([R, W], aligned like :func:`agentrt.steps.shift_logprobs`) back to the batch's [B, T] rows.
@@ -23,12 +29,18 @@ from typing import Any
 
 import torch
 
+from agentrt.algos import entropy_from_logits
 from agentrt.steps import shift_entropy, shift_logprobs
 
 # Packed rows are at least this wide, so that short sequences of like length still share rows
 # (rows as wide as the longest of 8-12-token sequences hold one each). Attention per token grows
 # with the width, the rest does not: on llama-tiny/small 32-128 were equally fast, 256 slower.
 PACK_WIDTH = 64
+# Per layer a Llama block computes ~32 x hidden^2 FLOPs of matmuls per position and ~4 x width x
+# hidden of attention over a packed row (every pair under the dense mask), so attention costs as
+# much as the matmuls at a width of 8 x hidden; on this CPU (bench/packing.py) the masked
+# attention runs at about half the matmuls' rate, hence 4: shared segments stay narrow enough.
+ATTENTION_PER_POSITION = 4
 
 
 def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int | None = None,
@@ -83,11 +95,16 @@ class Layout:
 
     Attributes:
         input_ids: [R, W] token ids of the computed rows.
-        attention_mask: [R, W] padding mask (padded layout), None when packed.
         position_ids: [R, W] positions restarting per sequence (packed), None when padded.
+        attention_mask: [R, W] padding mask (padded layout), [R, 1, W, W] boolean (True: may
+            attend) with prefix sharing, None when packed without.
         src, dst: Packed only: flat [R*W] positions and the flat [B*T] positions they fill.
+        pred: Packed only: the flat position whose logits predict the token at ``src`` (the one
+            before it, or the shared prompt's last for a completion's first token).
         shape: (B, T) of the batch.
-        tokens: Real tokens in the batch; ``computed - tokens`` positions are padding.
+        tokens: Positions holding a real token; ``computed - tokens`` positions are padding.
+        shared: Tokens of the batch not computed because their prompt was computed once for
+            several rows.
     """
 
     input_ids: torch.Tensor
@@ -97,6 +114,8 @@ class Layout:
     dst: torch.Tensor | None
     shape: tuple[int, int]
     tokens: int
+    pred: torch.Tensor | None = None
+    shared: int = 0
 
     @property
     def computed(self) -> int:
@@ -114,17 +133,28 @@ class Layout:
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """A per-token [R, W] result in the batch's [B, T] rows (differentiable). Packed: position
         0 of every sequence and the padding get 0 (what position 0 holds in a padded row)."""
-        bsz, width = self.shape
         if self.src is None:
-            return torch.nn.functional.pad(x, (0, width - x.shape[1]))
-        dst, src = self.dst.to(x.device), self.src.to(x.device)
-        return x.new_zeros(bsz * width).index_copy(0, dst, x.reshape(-1)[src]).view(bsz, width)
+            return torch.nn.functional.pad(x, (0, self.shape[1] - x.shape[1]))
+        return self.scatter(x.reshape(-1)[self.src.to(x.device)])
+
+    def scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """Values of the packed layout's tokens, in ``src`` order, as the batch's [B, T] rows."""
+        bsz, width = self.shape
+        return x.new_zeros(bsz * width).index_copy(0, self.dst.to(x.device), x).view(bsz, width)
 
 
 def layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool,
-           pad_id: int) -> Layout:
+           pad_id: int, prefix: torch.Tensor | None = None, hidden: int = 0) -> Layout:
     """The rows to compute for a right-padded [B, T] batch: trimmed to its longest row, or packed
-    into rows of about ``max(PACK_WIDTH, longest)`` positions."""
+    into rows of about ``max(PACK_WIDTH, longest)`` positions.
+
+    ``prefix`` (packed only): [B] tokens before each row's first trained token; rows whose
+    prefixes are the same tokens share one computation of them (see the module docstring). A
+    segment of k rows computes P + k * S positions (prompt P, completions of S tokens) instead of
+    k * (P + S), but each of them attends over its whole packed row: the dense mask computes every
+    (query, key) pair. So groups are cut into segments of k rows, for the k whose packed rows
+    cost least, a position in a row of width W costing 1 + W / (ATTENTION_PER_POSITION *
+    ``hidden``); ``hidden`` 0 counts positions only."""
     bsz, width = input_ids.shape
     lengths = attention_mask.sum(-1).cpu()
     longest = int(lengths.max()) if bsz else 0
@@ -133,21 +163,43 @@ def layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool,
         return Layout(input_ids[:, :longest], attention_mask[:, :longest], None, None, None,
                       (bsz, width), tokens)
     input_ids = input_ids.cpu()  # the index arithmetic runs on the CPU; inputs() moves the rows
-    # Rows as wide as the longest sequence, or of PACK_WIDTH narrowed to share the tokens evenly
-    # (96 tokens: 2 rows of 48, not 64 + 64), whichever computes fewer positions.
-    share = max(longest, -(-tokens // -(-tokens // max(longest, PACK_WIDTH))))
-    plans = [(len(rows) * w, w, rows) for w in {longest, share}
-             for rows in [pack_rows(lengths.tolist(), w)]]
-    size, row_w, rows = min(plans, key=lambda p: p[:2])
-    start = torch.empty(bsz, dtype=torch.long)  # flat position of each sequence's first token
+    groups = prompt_groups(input_ids, lengths, prefix)
+    scale = ATTENTION_PER_POSITION * hidden or float("inf")
+    biggest = max((len(rows) for _, rows in groups), default=1)
+    best = None
+    for k in sorted({min(k, biggest) for k in (1, 2, 4, 8, 16, biggest)}):
+        segments = [(p if len(rows[c:c + k]) > 1 else 0, rows[c:c + k])
+                    for p, rows in groups for c in range(0, len(rows), k)]
+        seg_len = [p + sum(int(lengths[i]) - p for i in members) for p, members in segments]
+        size, row_w, rows = pack_segments(seg_len)
+        cost = size * (1 + row_w / scale)
+        if best is None or cost < best[0]:
+            best = (cost, segments, seg_len, row_w, rows)
+    _, segments, seg_len, row_w, rows = best
+    size, seg_tokens = len(rows) * row_w, sum(seg_len)
+    # Per sequence: where its prefix starts, how long the shared prefix is (0: not shared), where
+    # the rest starts; and per flat position its segment (attention stays within one).
+    pstart = torch.empty(bsz, dtype=torch.long)
+    plen = torch.zeros(bsz, dtype=torch.long)
+    sstart = torch.empty(bsz, dtype=torch.long)
+    seg_of = torch.empty(bsz, dtype=torch.long)
     for r, members in enumerate(rows):
         at = r * row_w
-        for i in members:
-            start[i] = at
-            at += int(lengths[i])
+        for s in members:
+            p, seqs = segments[s]
+            pstart[seqs], plen[seqs], seg_of[seqs] = at, p, s
+            at += p
+            for i in seqs:
+                sstart[i] = at
+                at += int(lengths[i]) - p
     t = torch.arange(width)
     valid = t[None, :] < lengths[:, None]
-    flat = start[:, None] + t[None, :]
+    in_prefix = t[None, :] < plen[:, None]
+    flat = torch.where(in_prefix, pstart[:, None] + t[None, :],
+                       sstart[:, None] + t[None, :] - plen[:, None])
+    # a completion's first token is predicted by the shared prompt's last position
+    first = (t[None, :] == plen[:, None]) & (plen[:, None] > 0)
+    pred = torch.where(first, (pstart + plen - 1)[:, None], flat - 1)
     ids = torch.full((size,), pad_id, dtype=input_ids.dtype)
     ids[flat[valid]] = input_ids[valid]
     # Padding at a row's end gets position 0 each: every pad is a one-token sequence of its own.
@@ -155,8 +207,43 @@ def layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool,
     pos[flat[valid]] = t.expand(bsz, width)[valid]
     keep = valid & (t[None, :] > 0)  # position 0 predicts nothing (from the sequence before)
     dst = (torch.arange(bsz)[:, None] * width + t[None, :])[keep]
-    return Layout(ids.view(-1, row_w), None, pos.view(-1, row_w), flat[keep], dst, (bsz, width),
-                  tokens)
+    mask = None
+    if any(p > 0 for p, _ in segments):
+        seg = torch.arange(size) + len(segments)  # padding: a segment of its own
+        seg[flat[valid]] = seg_of[:, None].expand(bsz, width)[valid]
+        branch = torch.full((size,), -1, dtype=torch.long)  # -1: the shared prefix
+        branch[flat[valid & ~in_prefix]] = torch.arange(bsz)[:, None].expand(
+            bsz, width)[valid & ~in_prefix]
+        seg, branch = seg.view(-1, 1, row_w), branch.view(-1, 1, row_w)
+        causal = torch.ones(row_w, row_w, dtype=torch.bool).tril()
+        mask = ((seg.transpose(1, 2) == seg) & causal
+                & ((branch == -1) | (branch.transpose(1, 2) == branch))).unsqueeze(1)
+    return Layout(ids.view(-1, row_w), mask, pos.view(-1, row_w), flat[keep], dst, (bsz, width),
+                  seg_tokens, pred[keep], tokens - seg_tokens)
+
+
+def prompt_groups(input_ids: torch.Tensor, lengths: torch.Tensor, prefix: torch.Tensor | None
+                  ) -> list[tuple[int, list[int]]]:
+    """(shared prefix length, rows): rows whose first ``prefix`` tokens (at least 2, with
+    something after them) are the same; every other row alone, with prefix 0."""
+    if prefix is None:
+        return [(0, [i]) for i in range(len(lengths))]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, (p, n) in enumerate(zip(prefix.tolist(), lengths.tolist())):
+        key = tuple(input_ids[i, :p].tolist()) if 2 <= p < n else (-1 - i,)
+        groups.setdefault(key, []).append(i)
+    return [(len(key) if len(rows) > 1 else 0, rows) for key, rows in groups.items()]
+
+
+def pack_segments(seg_len: list[int]) -> tuple[int, int, list[list[int]]]:
+    """(positions, row width, segments per row): rows as wide as the longest segment, or of
+    PACK_WIDTH narrowed to share the tokens evenly (96 tokens: 2 rows of 48, not 64 + 64),
+    whichever computes fewer positions."""
+    tokens, longest = sum(seg_len), max(seg_len, default=0)
+    share = max(longest, -(-tokens // -(-tokens // max(longest, PACK_WIDTH))))
+    plans = [(len(rows) * w, w, rows) for w in {longest, share}
+             for rows in [pack_rows(seg_len, w)]]
+    return min(plans, key=lambda p: p[:2])
 
 
 @dataclass
@@ -169,30 +256,49 @@ class Forward:
 
     def logprobs(self) -> torch.Tensor:
         """[B, T] log-probs of the batch's tokens (see :func:`agentrt.steps.shift_logprobs`)."""
-        ids = self.layout.input_ids.to(self.logits.device)
-        return self.layout.unpack(shift_logprobs(self.logits, ids))
+        lay = self.layout
+        ids = lay.input_ids.to(self.logits.device)
+        if lay.src is None:
+            return lay.unpack(shift_logprobs(self.logits, ids))
+        flat = self.logits.reshape(-1, self.logits.shape[-1])
+        pred = lay.pred.to(flat.device)
+        picked = flat[pred, ids.reshape(-1)[lay.src.to(flat.device)]]
+        return lay.scatter(picked - torch.logsumexp(flat, dim=-1)[pred])
 
     def entropy(self, grad: bool = True) -> torch.Tensor:
         """[B, T] entropy of each token's distribution; ``grad`` False detaches it."""
-        return self.layout.unpack(shift_entropy(self.logits if grad else self.logits.detach()))
+        logits = self.logits if grad else self.logits.detach()
+        lay = self.layout
+        if lay.src is None:
+            return lay.unpack(shift_entropy(logits))
+        flat = logits.reshape(-1, logits.shape[-1])
+        return lay.scatter(entropy_from_logits(flat[lay.pred.to(flat.device)]))
 
 
-def check_packing(model: torch.nn.Module, device: torch.device) -> None:
+def check_packing(model: torch.nn.Module, device: torch.device, share_prefix: bool = False
+                  ) -> None:
     """Raises ConfigError when ``model``'s attention does not stay within packed sequences (an
-    architecture whose transformers code ignores restarting position ids)."""
+    architecture whose transformers code ignores restarting position ids), or, with
+    ``share_prefix``, when it does not follow a 4D attention mask."""
     from agentrt.errors import ConfigError
 
-    lengths = torch.tensor([6, 3, 3])  # the two short ones share a packed row
+    lengths = torch.tensor([6, 3, 5, 5])  # the two short ones share a packed row
     vocab = int(getattr(model.config, "vocab_size", 16))
-    ids = (torch.arange(18).view(3, 6) * 7 + 3) % max(4, min(vocab, 64))
+    ids = (torch.arange(24).view(4, 6) * 7 + 3) % max(4, min(vocab, 64))
+    ids[3, :3] = ids[2, :3]  # rows 2 and 3: one prompt of 3 tokens, two completions
     mask = (torch.arange(6)[None, :] < lengths[:, None]).long()
-    outs = []
+    arms = [(True, None)] + [(True, torch.tensor([0, 0, 3, 3]))] * share_prefix
     with torch.no_grad():
-        for packed in (False, True):
-            lay = layout(ids, mask, packed, pad_id=0)
+        outs = []
+        for packed, prefix in [(False, None)] + arms:
+            lay = layout(ids, mask, packed, 0, prefix)
             logits = model(**lay.inputs(device)).logits.float()
             outs.append(Forward(logits, lay).logprobs().cpu() * mask)
     if not torch.allclose(outs[0], outs[1], atol=1e-3):
         raise ConfigError(f"policy.packing: {type(model).__name__} does not confine attention to "
                           "packed sequences (its attention ignores restarting position ids); set "
                           "policy.packing: false")
+    if share_prefix and not torch.allclose(outs[0], outs[2], atol=1e-3):
+        raise ConfigError(f"policy.share_prefix: {type(model).__name__} does not follow a 4D "
+                          "attention mask, so completions cannot share their prompt's positions; "
+                          "set policy.share_prefix: false")

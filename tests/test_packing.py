@@ -18,11 +18,13 @@ BUDGET = 96  # small enough that rows of several lengths need several micro-batc
 
 def varied_batch(pad_id: int, n: int = 24, seed: int = 0):
     """Rows of 3 to 34 tokens (prompts 2-14, responses 1-20), so packing has short rows to
-    share a row with and padded rows waste up to 90% of their positions."""
+    share a row with and padded rows waste up to 90% of their positions. Every other group of 4
+    rows has one prompt (as GRPO's do), the others a prompt per row, so prefix sharing has both."""
     rng = random.Random(seed)
     trajs = []
     for i in range(n):
-        prompt = [1] + [rng.randrange(3, 250) for _ in range(rng.randint(1, 13))]
+        if i % 8 == 0 or i % 8 >= 4:
+            prompt = [1] + [rng.randrange(3, 250) for _ in range(rng.randint(1, 13))]
         response = [rng.randrange(3, 250) for _ in range(rng.randint(1, 20))]
         trajs.append(Trajectory([Turn(prompt, response, [-1.0] * len(response),
                                       reward=float(rng.random() < 0.5))], group_id=str(i // 4)))
@@ -31,7 +33,8 @@ def varied_batch(pad_id: int, n: int = 24, seed: int = 0):
 
 ARMS = {"padded": {"packing": False},
         "bucketed": {"micro_batch_tokens": BUDGET, "packing": False},
-        "packed": {"micro_batch_tokens": BUDGET, "packing": True}}
+        "packed": {"micro_batch_tokens": BUDGET, "packing": True, "share_prefix": False},
+        "shared": {"packing": True}}
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -48,13 +51,30 @@ def test_packed_and_bucketed_logprobs_equal_the_padded_ones(tiny_model_dir, lora
         out[arm] = (eng.logprobs(batch), eng.padding_metrics())
     padded_lp, padded = out["padded"]
     assert padded_lp.abs().sum() > 0
-    for arm in ("bucketed", "packed"):
+    for arm in ("bucketed", "packed", "shared"):
         torch.testing.assert_close(out[arm][0], padded_lp, atol=2e-5, rtol=0)
-    # one padded micro-batch (64 rows) pads every row to the longest; buckets and packing much less
-    assert padded["perf/padded_tokens"] == batch.size * batch.input_ids.shape[1] - \
-        batch.attention_mask.sum()
-    assert out["bucketed"][1]["perf/padded_tokens"] < 0.5 * padded["perf/padded_tokens"]
-    assert out["packed"][1]["perf/padded_tokens"] < out["bucketed"][1]["perf/padded_tokens"]
+    assert out["shared"][1]["perf/shared_tokens"] > 0
+    assert out["packed"][1]["perf/shared_tokens"] == 0
+
+
+def test_rows_of_one_prompt_compute_it_once():
+    rng = random.Random(4)
+    trajs = []
+    for g in range(3):  # 3 prompts of 6 tokens, 4 responses of 3 each; one row alone
+        prompt = [1] + [rng.randrange(3, 250) for _ in range(5)]
+        trajs += [Trajectory([Turn(prompt, [rng.randrange(3, 250) for _ in range(3)], [-1.0] * 3)],
+                             group_id=str(g)) for _ in range(4)]
+    trajs.append(Trajectory([Turn([1, 7, 8], [9, 10], [-1.0] * 2)], group_id="3"))
+    batch = collate(trajs, 0)
+    prefix = batch.loss_mask.argmax(-1)
+    lay = layout(batch.input_ids, batch.attention_mask, True, 0, prefix)  # hidden 0: positions
+    assert lay.shared == 3 * 3 * 6  # 3 of each prompt's 4 copies
+    assert lay.tokens == int(batch.attention_mask.sum()) - lay.shared
+    # the 4D mask: every token attends to as many keys as in its own row (its prompt and its
+    # own earlier tokens, never a neighbour's completion)
+    seen = lay.attention_mask[:, 0].sum(-1).flatten()[lay.src]
+    t = torch.arange(batch.input_ids.shape[1]).expand_as(batch.input_ids)
+    assert torch.equal(seen, (t + 1)[batch.attention_mask.bool() & (t > 0)])
 
 
 def test_grpo_update_with_packing_gives_the_same_weights(tiny_model_dir):
@@ -75,7 +95,7 @@ def test_grpo_update_with_packing_gives_the_same_weights(tiny_model_dir):
         steps[arm] = torch.cat([(p - before[k]).flatten() for k, p in params_of(eng).items()])
     scale = float(steps["padded"].abs().max())
     assert scale > 1e-4
-    for arm in ("bucketed", "packed"):
+    for arm in ("bucketed", "packed", "shared"):
         assert float((steps[arm] - steps["padded"]).abs().max()) <= 1e-4 * scale, arm
         for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
             assert metrics[arm][key] == pytest.approx(metrics["padded"][key], rel=1e-4, abs=1e-7)
@@ -113,3 +133,9 @@ def test_token_budget_plans_cover_every_row_within_the_budget():
 def test_bad_budget_or_packing_is_one_message_naming_the_field(policy, field):
     with pytest.raises(ConfigError, match=f"policy.{field}"):
         validate_config({"policy": policy})
+
+
+def test_sharing_a_prompt_without_packing_is_refused_by_name():
+    with pytest.raises(ConfigError, match="policy: share_prefix: .* set packing: true"):
+        validate_config({"policy": {"packing": False, "share_prefix": True}})
+    validate_config({"policy": {"packing": False}})  # the default then shares nothing
