@@ -152,8 +152,24 @@ class StaticDecoder:
         logps = torch.zeros(batch, steps, dtype=torch.float32, device=device)
         rows = torch.arange(batch, device=device)  # full-batch index of each active row
         alive = torch.ones(batch, dtype=torch.bool, device=device)
-        with autocast:
-            logits = self._forward(plan, caches, ids, pos, 0, _prefill_mask(valid[:, :width]))
+        # Rows of one prompt (a GRPO group's) are prefilled once: their keys, values and first
+        # logits are the same, and the sampling below still draws every row on its own.
+        key = ids.masked_fill(mask == 0, -1)
+        uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+        if len(uniq) < batch:
+            first = torch.full((len(uniq),), batch, device=device).scatter_reduce(
+                0, inverse, torch.arange(batch, device=device), "amin")
+            once = [tuple(torch.empty(len(uniq), self.n_kv, width, self.head_dim, dtype=kv_dtype,
+                                      device=device) for _ in "kv") for _ in inner.layers]
+            with autocast:
+                logits = self._forward(plan, once, ids[first], pos[first], 0,
+                                       _prefill_mask(valid[first, :width]))[inverse]
+            for (k, v), (k1, v1) in zip(caches, once):
+                k[:, :, :width], v[:, :, :width] = k1[inverse], v1[inverse]
+        else:
+            with autocast:
+                logits = self._forward(plan, caches, ids, pos, 0,
+                                       _prefill_mask(valid[:, :width]))
         pos = pos[:, -1:]
         for t in range(steps):
             token, logp = self._sample(logits, sampling)
