@@ -28,7 +28,8 @@ from agentrt.algos import KL_CONTROLLERS, RAEState
 from agentrt.config import PolicyConfig, SamplingConfig
 from agentrt.micro_losses import critic_loss, policy_loss, preference_loss, sft_loss
 from agentrt.optim import ValueModel, make_optimizer, make_scheduler
-from agentrt.packing import Forward, Layout, check_packing, layout, plan_micro_batches
+from agentrt.packing import (Forward, Layout, check_packing, layout, plan_micro_batches,
+                             prompt_groups)
 from agentrt.rollout.hf import Completion
 from agentrt.steps import (
     DataParallel,
@@ -193,21 +194,33 @@ class HybridEngine:
         """Rows of each forward/backward micro-batch: ``micro_batch_size`` rows in batch order,
         or length buckets within ``micro_batch_tokens`` (agentrt.packing). A preference batch
         is split by examples, never by length."""
-        size = self.cfg.micro_batch_size
+        size, budget = self.cfg.micro_batch_size, self.cfg.micro_batch_tokens
         if not isinstance(batch, TrainBatch):
             return [list(range(p.start, p.stop)) for p in chunks(batch.size, size)]
-        return plan_micro_batches(batch.attention_mask.sum(-1).tolist(), size,
-                                  self.cfg.micro_batch_tokens, self.cfg.packing)
+        lengths = batch.attention_mask.sum(-1)
+        prefix = self.shared_prefix(batch)
+        if budget is None or prefix is None:
+            return plan_micro_batches(lengths.tolist(), size, budget, self.cfg.packing)
+        # buckets of whole prompt groups, so that length sorting does not split what is shared
+        groups = prompt_groups(batch.input_ids.cpu(), lengths.cpu(), prefix.cpu())
+        costs = [p + sum(int(lengths[i]) - p for i in rows) for p, rows in groups]
+        parts = plan_micro_batches(costs, size, budget, True, [len(r) for _, r in groups])
+        return [[i for g in part for i in groups[g][1]] for part in parts]
+
+    def shared_prefix(self, batch: TrainBatch) -> torch.Tensor | None:
+        """[B] tokens before each row's first trained token, where rows of one prompt share it
+        (``policy.share_prefix`` with packing); None where nothing is shared."""
+        if not (self.cfg.packing and self.cfg.share_prefix):
+            return None
+        trained = batch.loss_mask > 0
+        return torch.where(trained.any(-1), trained.float().argmax(-1),
+                           batch.attention_mask.sum(-1)).long()
 
     def layout(self, batch: TrainBatch, share: bool = True) -> Layout:
         """The rows a forward pass of ``batch`` computes: trimmed to its longest row, or packed
         (``policy.packing``), rows of one prompt computing it once (``policy.share_prefix``,
         where ``share``); counted for the padding metrics."""
-        prefix = None
-        if share and self.cfg.packing and self.cfg.share_prefix:
-            trained = batch.loss_mask > 0
-            prefix = torch.where(trained.any(-1), trained.float().argmax(-1),
-                                 batch.attention_mask.sum(-1)).long()
+        prefix = self.shared_prefix(batch) if share else None
         lay = layout(batch.input_ids, batch.attention_mask, self.cfg.packing, self.pad_id,
                      prefix, int(getattr(self.model.config, "hidden_size", 0) or 0))
         self.computed_positions += lay.computed

@@ -44,8 +44,8 @@ ATTENTION_PER_POSITION = 4
 
 
 def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int | None = None,
-                       packed: bool = False) -> list[list[int]]:
-    """Row indices of each micro-batch.
+                       packed: bool = False, rows: list[int] | None = None) -> list[list[int]]:
+    """Row indices of each micro-batch (indices into ``lengths``).
 
     Args:
         lengths: Tokens of each row (its attention mask's sum).
@@ -54,23 +54,26 @@ def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int | None
             padded, the sum of lengths when ``packed``. None: consecutive chunks of ``max_rows``
             in batch order. A row longer than the budget goes alone.
         packed: Count a micro-batch's cost as packed rows do.
+        rows: Packed only: rows each entry stands for (a prompt shared by several rows, whose
+            ``lengths`` entry is the positions they compute together); 1 each by default.
     """
     n = len(lengths)
+    rows = rows or [1] * n
     if max_tokens is None:
         return [list(range(s, min(n, s + max_rows))) for s in range(0, n, max_rows)]
     order = sorted(range(n), key=lambda i: (-lengths[i], i))  # longest first: the first row of a
     parts: list[list[int]] = []                                # micro-batch sets its width
-    cost = 0
+    cost = used = 0
     for i in order:
         if parts:
             part = parts[-1]
             grown = cost + lengths[i] if packed else (len(part) + 1) * lengths[part[0]]
-            if len(part) < max_rows and grown <= max_tokens:
+            if used + rows[i] <= max_rows and grown <= max_tokens:
                 part.append(i)
-                cost = grown
+                cost, used = grown, used + rows[i]
                 continue
         parts.append([i])
-        cost = lengths[i]
+        cost, used = lengths[i], rows[i]
     return parts
 
 

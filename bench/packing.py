@@ -8,14 +8,18 @@ examples/arith_grpo.yaml trains) goes through the trainer step (``prepare``, adv
   batch's longest (what the trainer computed before micro-batches were cut to their own rows);
 * ``bucketed``: ``micro_batch_tokens: --budget``: rows sorted by length, micro-batches of at most
   that many padded positions, each cut to its own longest row;
-* ``packed``: ``packing: true``: sequences concatenated into rows of max(64, longest) positions,
-  position ids restarting, attention confined to each sequence (one micro-batch).
+* ``packed``: ``packing: true, share_prefix: false``: sequences concatenated into rows of
+  max(64, longest) positions, position ids restarting, attention confined to each sequence (one
+  micro-batch);
+* ``shared``: ``packing: true`` with the default ``share_prefix: true``: besides, a group's 8 rows
+  compute their prompt once (a 4D mask lets each response attend to the prompt and itself).
 
 Two batches: ``arith`` (responses as a warm-started policy writes them: the answer or a wrong
 number of 1-4 digits, then eos; 2-7 tokens) and ``long`` (the same prompts, responses of 4-64
 tokens drawn uniformly, as when sampling with max_new_tokens 64 stops at eos anywhere).
 
-Printed per batch and arm: positions computed and how many were padding (perf/padded_tokens),
+Printed per batch and arm: positions computed, how many were padding (perf/padded_tokens) and
+how many prompt tokens were not computed again (perf/shared_tokens),
 trainer samples/s by wall clock and by this process's CPU time (median over interleaved
 repetitions, the arms' order rotating; CPU time is the steadier one on a shared machine) and the
 ratios to ``padded``; then the equality check: max |log-prob - padded log-prob|, the loss difference and
@@ -67,10 +71,10 @@ def rollouts(tokenizer, long: bool, seed: int = 0) -> TrainBatch:
     return collate(trajs, tokenizer.pad_token_id)
 
 
-def engine(folder: Path, budget: int | None, packing: bool, optim: dict | None = None
-           ) -> HybridEngine:
+def engine(folder: Path, budget: int | None, packing: bool, share: bool = False,
+           optim: dict | None = None) -> HybridEngine:
     cfg = PolicyConfig(model=ModelConfig(path=str(folder)), micro_batch_size=PROMPTS * GROUP,
-                       micro_batch_tokens=budget, packing=packing,
+                       micro_batch_tokens=budget, packing=packing, share_prefix=share and packing,
                        algorithm=AlgorithmConfig(name="grpo", kl={"coef": 0.0}),
                        rollout={"sampling": SamplingConfig(temperature=1.0, max_new_tokens=64)},
                        optim=optim or {"lr": 1e-6})
@@ -113,12 +117,15 @@ def run_batch(name: str, folder: Path, arms: dict, batch: TrainBatch, reps: int)
     def rate(arm: str, clock: int) -> float:
         return batch.size / statistics.median(t[clock] for t in times[arm])
 
-    print(f"{'arm':9s} {'computed':>9s} {'padded':>8s} {'pad %':>6s} {'samples/s':>10s} "
-          f"{'ratio':>6s} {'CPU-time':>9s} {'ratio':>6s}  (median of {reps}, interleaved)")
+    print(f"{'arm':9s} {'computed':>9s} {'padded':>8s} {'pad %':>6s} {'shared':>7s} "
+          f"{'samples/s':>10s} {'ratio':>6s} {'CPU-time':>9s} {'ratio':>6s}  "
+          f"(median of {reps}, interleaved)")
     for arm in arms:
         padded, frac = pads[arm]["perf/padded_tokens"], pads[arm]["perf/pad_fraction"]
-        computed = padded / frac if frac else float(lengths.sum())
-        print(f"{arm:9s} {computed:9.0f} {padded:8.0f} {100 * frac:6.1f} {rate(arm, 0):10.1f} "
+        shared = pads[arm]["perf/shared_tokens"]
+        computed = float(lengths.sum()) - shared + padded
+        print(f"{arm:9s} {computed:9.0f} {padded:8.0f} {100 * frac:6.1f} {shared:7.0f} "
+              f"{rate(arm, 0):10.1f} "
               f"{rate(arm, 0) / rate('padded', 0):6.2f} {rate(arm, 1):9.1f} "
               f"{rate(arm, 1) / rate('padded', 1):6.2f}")
     # equality: fresh engines from the same weights, one step each
@@ -146,7 +153,8 @@ def main() -> None:
     folder = build_model(Path(tempfile.mkdtemp(prefix="bench-packing-")) / args.preset,
                          args.preset, seed=0)
     tokenizer = engine(folder, None, False).tokenizer
-    arms = {"padded": (None, False), "bucketed": (args.budget, False), "packed": (None, True)}
+    arms = {"padded": (None, False), "bucketed": (args.budget, False), "packed": (None, True),
+            "shared": (None, True, True)}
     print(f"{args.preset}, {args.threads} threads, bucketed budget {args.budget} positions")
     for name in args.batches.split(","):
         run_batch(name, folder, arms, rollouts(tokenizer, long=name == "long"), args.reps)

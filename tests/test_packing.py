@@ -34,7 +34,7 @@ def varied_batch(pad_id: int, n: int = 24, seed: int = 0):
 ARMS = {"padded": {"packing": False},
         "bucketed": {"micro_batch_tokens": BUDGET, "packing": False},
         "packed": {"micro_batch_tokens": BUDGET, "packing": True, "share_prefix": False},
-        "shared": {"packing": True}}
+        "shared": {"micro_batch_tokens": BUDGET, "packing": True}}
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -55,6 +55,11 @@ def test_packed_and_bucketed_logprobs_equal_the_padded_ones(tiny_model_dir, lora
         torch.testing.assert_close(out[arm][0], padded_lp, atol=2e-5, rtol=0)
     assert out["shared"][1]["perf/shared_tokens"] > 0
     assert out["packed"][1]["perf/shared_tokens"] == 0
+    # length buckets keep a prompt's rows together (rows 0-3, 8-11, 16-19 share one each)
+    parts = engines["shared"].micro_batches(batch)
+    assert len(parts) > 1
+    for first in (0, 8, 16):
+        assert any(set(range(first, first + 4)) <= set(part) for part in parts)
 
 
 def test_rows_of_one_prompt_compute_it_once():
@@ -125,6 +130,8 @@ def test_token_budget_plans_cover_every_row_within_the_budget():
                 len(part) * max(lengths[i] for i in part)
             assert len(part) <= 16 and (cost <= 64 or len(part) == 1)
     assert plan_micro_batches(lengths[:5], max_rows=2) == [[0, 1], [2, 3], [4]]
+    # entries standing for several rows (a shared prompt's group) count them against max_rows
+    assert plan_micro_batches([9, 8, 7], 4, 100, True, rows=[3, 1, 2]) == [[0, 1], [2]]
 
 
 @pytest.mark.parametrize("policy, field", [({"micro_batch_tokens": 0}, "micro_batch_tokens"),
