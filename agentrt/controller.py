@@ -387,7 +387,7 @@ class Controller:
             return
         engine = local[0].engine
         probe = forward_probe(engine.model, len(local[0].tokenizer))
-        self.tuner = ThreadTuner(probe, spare=spare_cpus)
+        self.tuner = ThreadTuner(probe, spare=spare_cpus, watch=lambda: spare_cpus(samples=1))
         self.tuner.tune()
 
     def learners(self) -> list[str]:

@@ -22,24 +22,30 @@ thread is the start and the fallback; more are chosen only when measured faster 
 model's own forward. What remains is the timing itself, and on a busy machine that was the whole
 difference: with the other cores' load average at 7 the tuner chose 1 thread, yet the default ran
 0.95x the steps/s of ``threads: 1`` over 12 GRPO steps, the probe's cost. So a check times more
-threads only where the load average (this process's threads taken out) leaves a core for them;
-on a busy machine the default *is* one thread, with nothing timed. The 1-minute average lags: a
-neighbour that starts with the run is not seen at the first check (0.95x in bench/threads.py's
-"one core busy", docs/performance.md).
+threads only where other processes leave a core for them (:func:`spare_cpus`: the busier of the
+1-minute load average and the tasks runnable now, this process's own threads taken out); on a
+busy machine the default *is* one thread, with nothing timed. The average alone lagged: a
+neighbour started seconds before the run was not in it, the first check timed 2 threads on its
+core and the default ran 0.95x in bench/threads.py's "one core busy"; the runnable tasks show it
+at once, and there the default now times nothing (docs/performance.md). A neighbour that starts
+after a check chose more threads is seen by the per-step watch: one thread after two crowded
+steps, where the check gap (up to ``8 * every`` steps) alone left up to 200 steps on a contended
+core.
 
 The count is per thread: OpenMP keeps it per OS thread, and ``torch.set_num_threads`` in the
 main thread leaves every other thread at the process default of one per core. A thread that
 runs torch ops (the controller's pool threads, the server's batcher) calls
 :func:`apply_threads` first; without it, a new thread's matmuls ran 38x slower than the main
-thread's here under load (the 10-30x a GRPO step lost with the old default). The choice never changes the
-numbers a step computes beyond what torch's kernels guarantee across thread counts (for the
-model sizes tested, bit-equal: tests/test_threads.py).
+thread's here under load (the 10-30x a GRPO step lost with the old default). The choice never
+changes the numbers a step computes beyond what torch's kernels guarantee across thread counts
+(for the model sizes tested, bit-equal: tests/test_threads.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -96,14 +102,58 @@ def candidates(cpus: int) -> list[int]:
     return sorted({1, max(1, cpus // 2), cpus})
 
 
-def spare_cpus() -> float:
-    """CPUs other processes leave free: :func:`usable_cpus` less the 1-minute load average
-    beyond this process's own torch threads (all of them where the load is unknown)."""
+def spare_from(cpus: int, load: float | None, torch_threads: int,
+               runnable: Sequence[tuple[int, int]]) -> float:
+    """CPUs other processes leave free, by the busier of two views of them.
+
+    Args:
+        cpus: CPUs this process may run on (:func:`usable_cpus`).
+        load: The 1-minute load average (None where unknown); this process's ``torch_threads``
+            are taken out of it. It lags: a neighbour that started seconds ago is barely in it.
+        torch_threads: This process's torch thread count.
+        runnable: Samples taken a few ms apart of (tasks runnable system-wide, this process's
+            runnable threads), as ``/proc/loadavg`` and ``/proc/self/task`` show them now (none
+            where there is no /proc). Their median, less this process, is the other processes'
+            runnable tasks now: a job that holds a core is runnable in every sample, and one
+            wake-up of a short task in one sample does not count.
+    """
+    others = [max(0.0, load - torch_threads)] if load is not None else []
+    if runnable:
+        others.append(max(0.0, statistics.median(r - own for r, own in runnable)))
+    return cpus - max(others, default=0.0)
+
+
+def runnable_now() -> tuple[int, int] | None:
+    """(Tasks runnable system-wide, of them this process's threads) now; None without /proc."""
     try:
-        others = max(0.0, os.getloadavg()[0] - torch.get_num_threads())
+        runnable = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    own = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:  # "pid (comm) state ...": the state follows the last ")"
+            own += task.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):
+            pass  # the thread ended
+    return runnable, own
+
+
+def spare_cpus(samples: int = 5, gap: float = 0.01) -> float:
+    """CPUs other processes leave free now (:func:`spare_from`), from the 1-minute load average
+    and ``samples`` reads of the runnable tasks ``gap`` seconds apart (one read: the per-step
+    watch of :class:`ThreadTuner`, about 0.02 ms)."""
+    try:
+        load: float | None = os.getloadavg()[0]
     except OSError:  # not available on this platform
-        others = 0.0
-    return usable_cpus() - others
+        load = None
+    runnable = []
+    for i in range(samples):
+        if i:
+            time.sleep(gap)
+        if (now := runnable_now()) is None:
+            break
+        runnable.append(now)
+    return spare_from(usable_cpus(), load, torch.get_num_threads(), runnable)
 
 
 Probe = Sequence[Callable[[], None]]  # pieces of work, timed together, stoppable between
@@ -151,14 +201,21 @@ class ThreadTuner:
         clock: Seconds now (the tests count work instead of timing it).
         spare: CPUs free for this process now (:func:`spare_cpus`); a check times only the
             candidates that fit (rounded to the nearest CPU; one thread always). None: all.
+        watch: A cheaper ``spare`` read at every step between checks while more than one
+            thread runs (``spare_cpus(samples=1)``): when the threads do not fit at two steps
+            in a row, one thread at once, untimed, and a check ``every`` steps later; a
+            neighbour that starts after a check then costs two steps, not up to ``8 * every``.
+            None: no watch.
     """
 
     def __init__(self, probe: Probe, cpus: int | None = None, every: int = 25,
                  rounds: int = 3, margin: float = 0.1,
                  clock: Callable[[], float] = time.perf_counter,
-                 spare: Callable[[], float] | None = None) -> None:
+                 spare: Callable[[], float] | None = None,
+                 watch: Callable[[], float] | None = None) -> None:
         self.probe, self.every, self.rounds, self.margin = probe, every, rounds, margin
-        self.clock, self.spare = clock, spare
+        self.clock, self.spare, self.watch = clock, spare, watch
+        self.crowded = 0  # steps in a row at which the watch saw the threads not fit
         self.candidates = candidates(cpus or usable_cpus())
         self.threads = torch.get_num_threads()
         self.last: dict[int, float] = {}
@@ -206,8 +263,16 @@ class ThreadTuner:
         return self.clock() - t0
 
     def maybe_tune(self, step: int) -> int:
-        """Tunes again when ``step`` reaches the next check."""
+        """Tunes again when ``step`` reaches the next check; between checks, the watch."""
         if self.every and step >= self.next_at:
             self.tune()
             self.next_at = step + self.gap
+            self.crowded = 0
+        elif self.watch is not None and self.threads > 1:
+            self.crowded = self.crowded + 1 if round(self.watch()) < self.threads else 0
+            if self.crowded == 2:
+                log.info("torch threads: 1 (other processes took the CPUs)")
+                _use(1)
+                self.threads, self.crowded = 1, 0
+                self.gap, self.next_at = self.every, step + self.every
         return self.threads

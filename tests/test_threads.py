@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import statistics
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -11,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrt.config import validate_config
-from agentrt.threads import (ThreadTuner, apply_threads, candidates, forward_probe, set_threads,
-                             spare_cpus, usable_cpus)
+from agentrt.threads import (ThreadTuner, apply_threads, candidates, forward_probe, runnable_now,
+                             set_threads, spare_cpus, spare_from, usable_cpus)
 from agentrt.trainer import Trainer
 from test_trainer import rows, small_config  # also registers the test rewards
 
@@ -113,15 +116,56 @@ def test_more_threads_are_timed_only_when_spare_cpus_fit_them(restore_threads, s
         assert tuner.tune() == 2 and set(timed) == {1, 2}
 
 
-def test_spare_cpus_leaves_out_this_process_own_threads(restore_threads):
-    torch.set_num_threads(1)
-    one = spare_cpus()
-    torch.set_num_threads(2)
-    two = spare_cpus()
-    load = os.getloadavg()[0]
-    assert one <= usable_cpus() and two <= usable_cpus()
-    if load >= 2:  # both counts within the load: the second thread is one more CPU spare
-        assert two == pytest.approx(one + 1, abs=0.3)  # the load average moved in between
+@pytest.mark.parametrize("load, torch_threads, runnable, spare", [
+    (0.2, 1, [(1, 1)] * 5, 2.0),  # idle: only the reading thread runs
+    (0.8, 1, [(2, 1)] * 5, 1.0),  # a neighbour started seconds ago: the load average lags
+    (1.5, 1, [(1, 1)] * 5, 1.5),  # one that just stopped: the load average still shows it
+    (2.1, 2, [(3, 3)] * 5, 1.9),  # this process's own threads are not others
+    (0.2, 1, [(1, 1), (3, 1), (1, 1), (2, 1), (1, 1)], 2.0),  # wake-ups in two samples of five
+    (0.2, 1, [(2, 1), (2, 1), (1, 1), (2, 1), (3, 2)], 1.0),  # a neighbour in most samples
+    (2.0, 1, [], 1.0),  # no /proc (not Linux): the load average alone
+    (None, 1, [], 2.0),  # nothing known: all of them
+])
+def test_spare_cpus_is_the_busier_of_the_load_average_and_the_runnable_tasks_now(
+        load, torch_threads, runnable, spare):
+    assert spare_from(2, load, torch_threads, runnable) == pytest.approx(spare)
+
+
+def test_spare_cpus_sees_a_process_that_started_a_moment_ago():
+    """The real readers: a spinning neighbour is a runnable task at once, and this process's
+    reading thread is not another process."""
+    spinner = subprocess.Popen([sys.executable, "-c", "print(flush=True)\nwhile True: pass"],
+                               stdout=subprocess.PIPE)
+    try:
+        spinner.stdout.readline()  # it runs
+        samples = [runnable_now() for _ in range(5)]
+        spare = spare_cpus()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert all(own >= 1 and runnable >= own for runnable, own in samples)
+    assert statistics.median(runnable - own for runnable, own in samples) >= 1
+    assert spare <= usable_cpus() - 1
+
+
+def test_the_watch_drops_to_one_thread_when_the_cpus_are_taken_two_steps_in_a_row(
+        restore_threads):
+    timed, now, seen = [], [0.0], iter([1.0, 2.0, 1.0, 1.0])  # spare CPUs at steps 1-4
+
+    def piece():  # 2 threads twice as fast, as on an idle machine
+        timed.append(torch.get_num_threads())
+        now[0] += 0.5 if torch.get_num_threads() == 2 else 1.0
+
+    tuner = ThreadTuner([piece], cpus=2, every=10, rounds=1, clock=lambda: now[0],
+                        spare=lambda: 2.0, watch=lambda: next(seen))
+    assert tuner.tune() == 2
+    timed.clear()
+    # one crowded step, then a clear one, then two crowded ones: one thread, untimed
+    assert [tuner.maybe_tune(step) for step in range(1, 5)] == [2, 2, 2, 1]
+    assert torch.get_num_threads() == 1 and timed == []
+    assert (tuner.gap, tuner.next_at) == (10, 14)
+    assert [tuner.maybe_tune(step) for step in range(5, 14)] == [1] * 9  # no watch on 1 thread
+    assert tuner.maybe_tune(14) == 2 and set(timed) == {1, 2}  # the check times both again
 
 
 def test_probe_leaves_the_model_and_rng_as_they_were(restore_threads, tiny_model_dir):
@@ -156,7 +200,7 @@ def test_a_run_without_threads_is_tuned_and_one_with_threads_is_pinned(restore_t
     auto = Trainer(validate_config(small_config(tmp_path / "auto", tiny_model_dir,
                                                 **{"train.steps": 2})))
     auto.run()
-    # 2 threads are timed only where the load average leaves a CPU spare (test_spare_cpus_...)
+    # 2 threads are timed only where spare_cpus leaves a CPU for them (test_spare_cpus_...)
     assert auto.controller.tuner is not None and set(auto.controller.tuner.last) in ({1}, {1, 2})
     assert [r["perf/threads"] for r in rows(tmp_path / "auto")[1:]] == \
         [float(auto.controller.tuner.threads)] * 2
