@@ -28,7 +28,7 @@ from torch import nn
 from agentrt.config import PolicyConfig, SamplingConfig, SFTConfig
 from agentrt.engine import Completion, HybridEngine
 from agentrt.steps import is_share_metric
-from agentrt.optim import make_scheduler
+from agentrt.optim import make_optimizer, make_scheduler
 from agentrt.types import TrainBatch
 from agentrt.weights import ModuleCopy, SharedModel
 
@@ -247,7 +247,10 @@ class PolicyWorker:
         ``sft.warmup_steps``)."""
         eng = self._engine(adapter)
         if eng.policy_id not in self.sft_state:
-            opt = torch.optim.AdamW(eng.parameters(), lr=sft.lr, betas=eng.cfg.optim.betas)
+            # fused like the RL optimizer (the loop cost 15 ms a step on one core); weight
+            # decay stays torch's AdamW default, 0.01, as the SFT warm start always had
+            opt = make_optimizer(eng.parameters(), eng.cfg.optim.model_copy(
+                update={"weight_decay": 0.01}), lr=sft.lr)
             sched = make_scheduler(opt, eng.cfg.optim.model_copy(
                 update={"warmup_steps": sft.warmup_steps, "schedule": "constant"}), sft.steps)
             self.sft_state[eng.policy_id] = (opt, sched)
