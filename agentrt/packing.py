@@ -37,10 +37,12 @@ from agentrt.steps import shift_entropy, shift_logprobs
 # with the width, the rest does not: on llama-tiny/small 32-128 were equally fast, 256 slower.
 PACK_WIDTH = 64
 # Per layer a Llama block computes ~32 x hidden^2 FLOPs of matmuls per position and ~4 x width x
-# hidden of attention over a packed row (every pair under the dense mask), so attention costs as
-# much as the matmuls at a width of 8 x hidden; on this CPU (bench/packing.py) the masked
-# attention runs at about half the matmuls' rate, hence 4: shared segments stay narrow enough.
-ATTENTION_PER_POSITION = 4
+# hidden of attention over a packed row (every pair under the dense mask): by FLOPs they are equal
+# at a width of 8 x hidden. Measured (one forward + backward, 1 thread, 32 prompts x 8 responses
+# of 20-32 tokens): rows 239 wide cost the same per position as rows 39 wide on llama-tiny and
+# llama-small (0.058 against 0.059 ms, 0.288 against 0.291 ms), so on this CPU the masked attention
+# is nearly free at such widths; 32 keeps segments of a few thousand positions in check.
+ATTENTION_PER_POSITION = 32
 
 
 def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int | None = None,
