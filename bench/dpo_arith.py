@@ -49,7 +49,7 @@ def main() -> None:
     print(f"{'metric':<42}{'before':>8}{'after':>8}")
     for label, key in ROWS:
         print(f"{label:<42}{before[key]:>8.3f}{after[key]:>8.3f}")
-    sft_s = before.get("timing_s/sft", 0.0)
+    sft_s = before.get("timing_s/warm_start", 0.0)
     print(f"wall time {wall:.0f} s (SFT warm start {sft_s:.0f} s); run folder {run_dir}")
 
 

@@ -33,7 +33,7 @@ def main() -> None:
     total = time.perf_counter() - start
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
-    sft_s = rows[0].get("timing_s/sft", 0.0)
+    sft_s = rows[0].get("timing_s/warm_start", 0.0)  # the SFT warm start, logged with step 0
     print("step  held-out exact match")
     for step, acc in evals:
         print(f"{step:4d}  {acc:.3f}")
