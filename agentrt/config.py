@@ -173,6 +173,12 @@ class PolicyConfig(Section):
         "completions) compute the prompt once, the completions attending to it through a 4D "
         "attention mask; log-probs and gradients equal the unshared ones, fewer positions are "
         "computed (docs/performance.md). Needs packing: true.")
+    compile: bool = Field(
+        False, description="Run the update's forward + backward through torch.compile "
+        "(inductor, dynamic shapes), which fuses the model's element-wise ops: llama-small's "
+        "update 1.5x faster on CPU after a one-off compile of about a minute at the first "
+        "update (docs/performance.md). Rollout and no-grad log-prob passes stay eager. Full "
+        "weights only.")
     trainable: bool = Field(True, description="False freezes the policy (opponents, snapshots).")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     memory: MemoryConfig | None = Field(
@@ -184,6 +190,14 @@ class PolicyConfig(Section):
         if self.share_prefix and not self.packing and "share_prefix" in self.model_fields_set:
             raise ValueError("share_prefix: sharing a prompt's positions works on packed rows; "
                              "set packing: true or share_prefix: false")
+        return self
+
+    @model_validator(mode="after")
+    def _compile_full_weights(self) -> PolicyConfig:
+        if self.compile and self.lora.enabled:
+            raise ValueError("compile: not supported with lora.enabled (LoRA policies switch "
+                             "adapters on one shared peft module, untested under torch.compile); "
+                             "set compile: false or lora.enabled: false")
         return self
 
     @model_validator(mode="after")

@@ -98,6 +98,10 @@ class HybridEngine:
         self.computed_positions, self.computed_tokens, self.shared_tokens = 0, 0, 0
         if cfg.packing:
             check_packing(self.model, self.device, cfg.share_prefix)
+        # policy.compile: forward passes with gradients (the update's) call the model through
+        # torch.compile, dynamic shapes as every update's packed rows differ; the no-grad
+        # log-prob passes (recompute, reference: weights swapped in) and the rollout stay eager.
+        self.compiled = torch.compile(self.model, dynamic=True) if cfg.compile else None
         self.sync_rollout()  # vLLM: serve this policy's weights from the start
 
     # ------------------------------------------------------------------ set-up helpers
@@ -234,7 +238,9 @@ class HybridEngine:
         ``.logprobs()`` and ``.entropy()`` read them in the batch's [B, T] rows."""
         lay = self.layout(batch)
         with self._autocast():
-            out = model(**lay.inputs(self.device))
+            run = self.compiled if self.compiled is not None and torch.is_grad_enabled() and \
+                model is self.model else model
+            out = run(**lay.inputs(self.device))
         temp = (self.cfg.rollout.sampling.temperature or 1.0) if scaled else 1.0
         return Forward(out.logits.float() / temp, lay)
 
