@@ -157,6 +157,9 @@ class Controller:
         self.exporters = Exporters(None, run_dir.path)
         self.version_book: VersionBook | None = None  # set by run()
         self.last_metrics: dict[str, Any] = {}
+        # Finished envs, reset and reused by the next step's runner as within one step: building
+        # one (its spaces) took 0.16 ms, 40 ms of each 256-episode step.
+        self.env_pool: dict[str, list[Any]] = {}
         self.preference_pairs = preference_pairs
         self.guard = RunGuard(guards or GuardsConfig())
         self.drift = (DriftMonitor(drift, run_dir.path, lambda pid, ids: self.tokenizer(pid)
@@ -253,7 +256,8 @@ class Controller:
 
     # ------------------------------------------------------------------ the loop
     def play(self, work: Workload, specs: list[EpisodeSpec]) -> RunResult:
-        runner = EpisodeRunner(work.players(specs), work.runner, route=work.seat_router())
+        runner = EpisodeRunner(work.players(specs), work.runner, route=work.seat_router(),
+                               env_pool=self.env_pool)
         return runner.run(specs, on_episode_end=work.on_episode_end())
 
     def run(self, work: Workload, stop_after: int | None = None) -> dict[str, float]:

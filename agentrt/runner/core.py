@@ -161,17 +161,20 @@ class EpisodeRunner:
         config: Runner settings.
         route: ``route(env, agent) -> policy_id`` binds a :data:`ROUTED` seat when its agent
             first acts (the decomposer's router).
+        env_pool: Finished envs by kind, reset and reused by later episodes; pass one dict to
+            every runner of a loop to keep them across its steps (None: this runner's own).
     """
 
     def __init__(self, policies: Mapping[str, Any], config: RunnerConfig | None = None,
-                 route: Callable[[Any, str], str] | None = None) -> None:
+                 route: Callable[[Any, str], str] | None = None,
+                 env_pool: dict[str, list[Any]] | None = None) -> None:
         if not policies:
             raise ConfigError("the runner needs at least one policy")
         self.policies: dict[str, Policy] = {k: as_policy(v) for k, v in policies.items()}
         self.cfg = config or RunnerConfig()
         self.route = route
         self.rng = random.Random(self.cfg.seed)
-        self._pool: dict[str, list[Any]] = defaultdict(list)
+        self._pool: dict[str, list[Any]] = {} if env_pool is None else env_pool
 
     # ------------------------------------------------------------------ public
     def run(self, episodes: Sequence[EpisodeSpec],
@@ -230,7 +233,7 @@ class EpisodeRunner:
 
     def _start(self, index: int, spec: EpisodeSpec) -> _Episode:
         key = spec.env + json.dumps(dict(spec.env_kwargs), sort_keys=True, default=str)
-        pool = self._pool[key]
+        pool = self._pool.setdefault(key, [])
         env = pool.pop() if pool else make_multi(spec.env, **dict(spec.env_kwargs))
         agents = list(env.possible_agents)
         if len(spec.players) != len(agents):
@@ -333,7 +336,7 @@ class EpisodeRunner:
             pid = ep.seats.get(agent, ROUTED)  # an agent with turns has acted, so is bound
             if turns and self.policies[pid].trainable:
                 out.append(self._trajectory(ep, agent, pid, turns, record))
-        self._pool[ep.key].append(ep.env)
+        self._pool.setdefault(ep.key, []).append(ep.env)
         return record
 
     def _trajectory(self, ep: _Episode, agent: str, pid: str, turns: list[Turn],

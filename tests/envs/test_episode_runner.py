@@ -256,6 +256,22 @@ def test_seeds_reproduce_episodes() -> None:
     assert run() == run()
 
 
+def test_a_shared_env_pool_reuses_envs_across_runners_with_the_same_episodes() -> None:
+    pool: dict = {}
+
+    def run(env_pool: dict | None) -> list:
+        runner = EpisodeRunner({"a": MinimaxTicTacToe(seed=3), "b": RandomPolicy(4)},
+                               RunnerConfig(seed=9, concurrency=16), env_pool=env_pool)
+        return [(r.seats, r.returns, r.num_actions)
+                for r in runner.run(specs("TicTacToe-v0", ("a", "b"), 64)).episodes]
+
+    first = run(pool)
+    kept = {id(e) for envs in pool.values() for e in envs}
+    assert len(kept) == 16  # one env per concurrent episode, returned when it ended
+    assert run(pool) == first == run(None)  # reset envs play what fresh ones do
+    assert {id(e) for envs in pool.values() for e in envs} == kept
+
+
 def test_the_custom_env_example_runs_and_perfect_play_wins() -> None:
     import runpy
     from pathlib import Path
