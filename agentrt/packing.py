@@ -43,6 +43,9 @@ PACK_WIDTH = 64
 # llama-small (0.058 against 0.059 ms, 0.288 against 0.291 ms), so on this CPU the masked attention
 # is nearly free at such widths; 32 keeps segments of a few thousand positions in check.
 ATTENTION_PER_POSITION = 32
+# Shared segments are at most this wide: the 4D mask is rows x width^2 booleans (and SDPA may make
+# it floats), 16 MB a row at 2048.
+SHARE_MAX_WIDTH = 2048
 
 
 def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int | None = None,
@@ -159,7 +162,7 @@ def layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool,
     k * (P + S), but each of them attends over its whole packed row: the dense mask computes every
     (query, key) pair. So groups are cut into segments of k rows, for the k whose packed rows
     cost least, a position in a row of width W costing 1 + W / (ATTENTION_PER_POSITION *
-    ``hidden``); ``hidden`` 0 counts positions only."""
+    ``hidden``) (``hidden`` 0 counts positions only), of at most SHARE_MAX_WIDTH positions."""
     bsz, width = input_ids.shape
     lengths = attention_mask.sum(-1).cpu()
     longest = int(lengths.max()) if bsz else 0
@@ -176,6 +179,8 @@ def layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool,
         segments = [(p if len(rows[c:c + k]) > 1 else 0, rows[c:c + k])
                     for p, rows in groups for c in range(0, len(rows), k)]
         seg_len = [p + sum(int(lengths[i]) - p for i in members) for p, members in segments]
+        if k > 1 and max(seg_len) > SHARE_MAX_WIDTH:
+            continue
         size, row_w, rows = pack_segments(seg_len)
         cost = size * (1 + row_w / scale)
         if best is None or cost < best[0]:

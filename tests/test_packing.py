@@ -9,6 +9,7 @@ import torch
 
 from agentrt.config import AlgorithmConfig, LoraConfig, validate_config
 from agentrt.errors import ConfigError
+from agentrt import packing
 from agentrt.packing import layout, plan_micro_batches
 from agentrt.types import Trajectory, Turn, collate
 from test_engine import make_engine, params_of
@@ -62,7 +63,7 @@ def test_packed_and_bucketed_logprobs_equal_the_padded_ones(tiny_model_dir, lora
         assert any(set(range(first, first + 4)) <= set(part) for part in parts)
 
 
-def test_rows_of_one_prompt_compute_it_once():
+def test_rows_of_one_prompt_compute_it_once(monkeypatch):
     rng = random.Random(4)
     trajs = []
     for g in range(3):  # 3 prompts of 6 tokens, 4 responses of 3 each; one row alone
@@ -80,6 +81,10 @@ def test_rows_of_one_prompt_compute_it_once():
     seen = lay.attention_mask[:, 0].sum(-1).flatten()[lay.src]
     t = torch.arange(batch.input_ids.shape[1]).expand_as(batch.input_ids)
     assert torch.equal(seen, (t + 1)[batch.attention_mask.bool() & (t > 0)])
+    # the mask's memory is bounded: no shared segment wider than SHARE_MAX_WIDTH (6 + 2 x 3 > 11)
+    monkeypatch.setattr(packing, "SHARE_MAX_WIDTH", 11)
+    capped = layout(batch.input_ids, batch.attention_mask, True, 0, prefix)
+    assert capped.shared == 0 and capped.attention_mask is None
 
 
 def test_grpo_update_with_packing_gives_the_same_weights(tiny_model_dir):
