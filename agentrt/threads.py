@@ -27,7 +27,9 @@ threads only where other processes leave a core for them (:func:`spare_cpus`: th
 busy machine the default *is* one thread, with nothing timed. The average alone lagged: a
 neighbour started seconds before the run was not in it, the first check timed 2 threads on its
 core and the default ran 0.95x in bench/threads.py's "one core busy"; the runnable tasks show it
-at once, and there the default now times nothing (docs/performance.md). A neighbour that starts
+at once, and there the default now times nothing (measured under load 1-7: one thread, untimed,
+the same CPU seconds per step as ``threads: 1``, a 45 ms start check; the steps/s ratios, 0.86-
+1.01x, moved as much between identical arms: docs/performance.md). A neighbour that starts
 after a check chose more threads is seen by the per-step watch: one thread after two crowded
 steps, where the check gap (up to ``8 * every`` steps) alone left up to 200 steps on a contended
 core.
