@@ -159,6 +159,7 @@ def step_episodes(played: Any, step: int, sampling: dict[str, Any], tokenizer: A
     decoded (special tokens left out), the response the text the env saw, the info the
     example's (a deferred reward's ``reward_info``, else the env's final info)."""
     index = {r.episode_id: i for i, r in enumerate(played.episodes)}
+    prompts: dict[tuple[int, ...], str] = {}  # a group's rows share their prompt: decode it once
     out = []
     for traj in played.trajectories:
         turn = traj.turns[0]
@@ -168,10 +169,13 @@ def step_episodes(played: Any, step: int, sampling: dict[str, Any], tokenizer: A
             {k: v for k, v in final.items() if k not in ("reward_errors", "invalid_action")}
         if "answer" in final:  # a deferred reward's info: what the reward saw, and the answer
             info.setdefault("answer", final["answer"])
+        key = tuple(turn.prompt_ids)
+        if key not in prompts:
+            prompts[key] = tokenizer.decode(turn.prompt_ids, skip_special_tokens=True)
         out.append(Episode(
             id=episode_id(step, i), step=step, idx=i, policy_id=turn.policy_id,
             policy_version=turn.policy_version,
-            prompt=tokenizer.decode(turn.prompt_ids, skip_special_tokens=True),
+            prompt=prompts[key],
             response=str(turn.info.get("action", "")), prompt_ids=list(turn.prompt_ids),
             response_ids=list(turn.response_ids), logprobs=[float(x) for x in turn.logprobs],
             reward=float(traj.reward), info=info, sampling=dict(sampling),

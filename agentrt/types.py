@@ -201,19 +201,17 @@ def collate(trajs: list[Trajectory], pad_id: int = 0) -> TrainBatch:
         raise ValueError("cannot collate an empty list of trajectories")
     seqs = [t.to_sequence() for t in trajs]
     width = max(len(s[0]) for s in seqs)
-    bsz = len(seqs)
-    input_ids = torch.full((bsz, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((bsz, width), dtype=torch.long)
-    loss_mask = torch.zeros((bsz, width), dtype=torch.float32)
-    old_lp = torch.zeros((bsz, width), dtype=torch.float32)
-    rewards = torch.zeros((bsz, width), dtype=torch.float32)
-    for i, (ids, mask, logp, rew) in enumerate(seqs):
-        n = len(ids)
-        input_ids[i, :n] = torch.tensor(ids, dtype=torch.long)
-        attention[i, :n] = 1
-        loss_mask[i, :n] = torch.tensor(mask, dtype=torch.float32)
-        old_lp[i, :n] = torch.tensor(logp, dtype=torch.float32)
-        rewards[i, :n] = torch.tensor(rew, dtype=torch.float32)
+    lengths = torch.tensor([len(s[0]) for s in seqs])
+
+    def padded(field: int, value: float, dtype: torch.dtype) -> torch.Tensor:
+        # one tensor from padded lists: a tensor per row and field cost ~10 ms a 256-row batch
+        return torch.tensor([s[field] + [value] * (width - len(s[0])) for s in seqs], dtype=dtype)
+
+    input_ids = padded(0, pad_id, torch.long)
+    attention = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    loss_mask = padded(1, 0.0, torch.float32)
+    old_lp = padded(2, 0.0, torch.float32)
+    rewards = padded(3, 0.0, torch.float32)
     loss_mask[:, 0] = 0.0  # nothing predicts the first token
     return TrainBatch(
         input_ids=input_ids,
