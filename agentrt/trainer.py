@@ -219,7 +219,8 @@ class PromptWorkload:
         specs = self.specs(self.eval_set, group=False)
         from agentrt.runner.core import EpisodeRunner
 
-        played = EpisodeRunner({self.pid: self.eval_policy}, self.runner).run(specs)
+        played = EpisodeRunner({self.pid: self.eval_policy}, self.runner,
+                               env_pool=ctl.env_pool).run(specs)
         scored = score_trajectories(self.rewards, played, f"e{ctl.step}")
         accuracy, lengths = 0.0, []
         for traj in played.trajectories:

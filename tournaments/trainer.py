@@ -257,7 +257,8 @@ class LeagueWorkload:
         if not specs:
             return RunResult([], [], {})
         runner_cfg = self.cfg.runner.model_copy(update={"random_seats": False, "seed": 12345})
-        return EpisodeRunner({pid: player, opp: self.baselines[opp]}, runner_cfg).run(specs)
+        return EpisodeRunner({pid: player, opp: self.baselines[opp]}, runner_cfg,
+                             env_pool=self.ctl.env_pool).run(specs)
 
     def _eval_pair(self, pid: str, player: LMPolicy, opp: str) -> dict[str, float]:
         records = self._eval_games(pid, player, opp, seed=10_000_019).episodes
