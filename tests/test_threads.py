@@ -202,8 +202,10 @@ def test_a_run_without_threads_is_tuned_and_one_with_threads_is_pinned(restore_t
     auto.run()
     # 2 threads are timed only where spare_cpus leaves a CPU for them (test_spare_cpus_...)
     assert auto.controller.tuner is not None and set(auto.controller.tuner.last) in ({1}, {1, 2})
-    assert [r["perf/threads"] for r in rows(tmp_path / "auto")[1:]] == \
-        [float(auto.controller.tuner.threads)] * 2
+    # the per-step watch may drop a timed choice to 1 thread when a neighbour crowds the CPUs
+    used = [r["perf/threads"] for r in rows(tmp_path / "auto")[1:]]
+    assert len(used) == 2 and used[-1] == float(auto.controller.tuner.threads)
+    assert set(used) <= {1.0, 2.0} and used == sorted(used, reverse=True)
 
     pinned = Trainer(validate_config(small_config(tmp_path / "pinned", tiny_model_dir,
                                                   **{"train.steps": 2, "threads": 1})))
