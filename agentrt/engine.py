@@ -26,10 +26,11 @@ from torch import nn
 
 from agentrt.algos import KL_CONTROLLERS, RAEState
 from agentrt.config import PolicyConfig, SamplingConfig
+from agentrt.engine_state import EngineState
 from agentrt.micro_losses import critic_loss, policy_loss, preference_loss, sft_loss
 from agentrt.optim import ValueModel, make_optimizer, make_scheduler
 from agentrt.packing import (Forward, Layout, check_packing, layout, plan_micro_batches,
-                             prompt_groups)
+                             trained_prefix)
 from agentrt.rollout.hf import Completion
 from agentrt.steps import (
     DataParallel,
@@ -43,7 +44,7 @@ from agentrt.weights import SharedModel
 log = logging.getLogger(__name__)
 
 
-class HybridEngine:
+class HybridEngine(EngineState):
     """The learner of one policy over the shared model that hosts it.
 
     Args:
@@ -201,24 +202,16 @@ class HybridEngine:
         size, budget = self.cfg.micro_batch_size, self.cfg.micro_batch_tokens
         if not isinstance(batch, TrainBatch):
             return [list(range(p.start, p.stop)) for p in chunks(batch.size, size)]
-        lengths = batch.attention_mask.sum(-1)
-        prefix = self.shared_prefix(batch)
-        if budget is None or prefix is None:
-            return plan_micro_batches(lengths.tolist(), size, budget, self.cfg.packing)
-        # buckets of whole prompt groups, so that length sorting does not split what is shared
-        groups = prompt_groups(batch.input_ids.cpu(), lengths.cpu(), prefix.cpu())
-        costs = [p + sum(int(lengths[i]) - p for i in rows) for p, rows in groups]
-        parts = plan_micro_batches(costs, size, budget, True, [len(r) for _, r in groups])
-        return [[i for g in part for i in groups[g][1]] for part in parts]
+        return plan_micro_batches(batch.attention_mask.sum(-1).tolist(), size, budget,
+                                  self.cfg.packing, input_ids=batch.input_ids,
+                                  prefix=self.shared_prefix(batch) if budget else None)
 
     def shared_prefix(self, batch: TrainBatch) -> torch.Tensor | None:
         """[B] tokens before each row's first trained token, where rows of one prompt share it
         (``policy.share_prefix`` with packing); None where nothing is shared."""
         if not (self.cfg.packing and self.cfg.share_prefix):
             return None
-        trained = batch.loss_mask > 0
-        return torch.where(trained.any(-1), trained.float().argmax(-1),
-                           batch.attention_mask.sum(-1)).long()
+        return trained_prefix(batch.loss_mask, batch.attention_mask)
 
     def layout(self, batch: TrainBatch, share: bool = True) -> Layout:
         """The rows a forward pass of ``batch`` computes: trimmed to its longest row, or packed
@@ -462,62 +455,3 @@ class HybridEngine:
         self.scheduler.step()
         self.version += 1
         return metrics | self.sync_rollout()
-
-    # ------------------------------------------------------------------ state
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        """The weights that training changes (adapter only for LoRA policies)."""
-        return self.shared.weights(self.policy_id)
-
-    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
-        """New weights for this policy (a resume, a league reset), pushed into the rollout."""
-        self.shared.load_weights(self.policy_id, state)
-        self.sync_rollout()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.trainable_state(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "critic": self.critic.state_dict() if self.critic is not None else None,
-            "critic_optimizer": (self.critic_optimizer.state_dict()
-                                 if self.critic_optimizer is not None else None),
-            "kl_ctl": self.kl_ctl.state_dict(),
-            "version": self.version,
-            "shuffle_gen": self.shuffle_gen.get_state(),
-            "skipped_steps": self.skipped_steps,
-            "rae_state": self.rae_state.state_dict(),
-            # A reference re-based on the warm-started weights cannot be rebuilt from the model
-            # folder, so it travels with the checkpoint (None: it is the folder's weights).
-            "reference": (self.shared.weights(self.reference)
-                          if self.reference is not None and self.ref_is_warm_start else None),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.critic is not None:
-            self.critic.load_state_dict(state["critic"])
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.kl_ctl.load_state_dict(state["kl_ctl"])
-        self.version = int(state["version"])
-        self.shuffle_gen.set_state(state["shuffle_gen"])
-        self.skipped_steps = int(state["skipped_steps"])
-        self.rae_state.load_state_dict(state["rae_state"])
-        if state.get("reference") is not None:
-            self.reset_reference()
-            self.shared.load_weights(str(self.reference), state["reference"])
-        self.load_trainable_state(state["model"])  # last: syncs the rollout at this version
-
-    def save_pretrained(self, folder: str | Path) -> Path:
-        """Writes the policy in Hugging Face format (the adapter alone for LoRA policies)."""
-        folder = Path(folder)
-        if self.is_lora:  # peft puts a non-"default" adapter in a subfolder; this one at the root
-            from agentrt.rollout.adapters import peft_config_dict, write_adapter
-
-            config = peft_config_dict(self.model.peft_config[self.policy_id])
-            config["base_model_name_or_path"] = str(self.shared.path)
-            write_adapter(folder, self.trainable_state(), config)
-        else:
-            self.model.save_pretrained(folder)
-        self.tokenizer.save_pretrained(folder)
-        return folder

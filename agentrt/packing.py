@@ -49,7 +49,9 @@ SHARE_MAX_WIDTH = 2048
 
 
 def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int | None = None,
-                       packed: bool = False, rows: list[int] | None = None) -> list[list[int]]:
+                       packed: bool = False, rows: list[int] | None = None,
+                       prefix: torch.Tensor | None = None,
+                       input_ids: torch.Tensor | None = None) -> list[list[int]]:
     """Row indices of each micro-batch (indices into ``lengths``).
 
     Args:
@@ -61,11 +63,18 @@ def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int | None
         packed: Count a micro-batch's cost as packed rows do.
         rows: Packed only: rows each entry stands for (a prompt shared by several rows, whose
             ``lengths`` entry is the positions they compute together); 1 each by default.
+        prefix, input_ids: Packed, with a token budget: buckets of whole prompt groups (see
+            :func:`prompt_groups`), so that sorting by length does not split what is shared.
     """
     n = len(lengths)
-    rows = rows or [1] * n
     if max_tokens is None:
         return [list(range(s, min(n, s + max_rows))) for s in range(0, n, max_rows)]
+    if prefix is not None and input_ids is not None:
+        groups = prompt_groups(input_ids.cpu(), torch.tensor(lengths), prefix.cpu())
+        costs = [p + sum(lengths[i] - p for i in members) for p, members in groups]
+        parts = plan_micro_batches(costs, max_rows, max_tokens, True, [len(m) for _, m in groups])
+        return [[i for g in part for i in groups[g][1]] for part in parts]
+    rows = rows or [1] * n
     order = sorted(range(n), key=lambda i: (-lengths[i], i))  # longest first: the first row of a
     parts: list[list[int]] = []                                # micro-batch sets its width
     cost = used = 0
@@ -230,6 +239,13 @@ def layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool,
                 & ((branch == -1) | (branch.transpose(1, 2) == branch))).unsqueeze(1)
     return Layout(ids.view(-1, row_w), mask, pos.view(-1, row_w), flat[keep], dst, (bsz, width),
                   seg_tokens, pred[keep], tokens - seg_tokens)
+
+
+def trained_prefix(loss_mask: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B] tokens before each row's first trained token (its length when none is trained)."""
+    trained = loss_mask > 0
+    return torch.where(trained.any(-1), trained.float().argmax(-1),
+                       attention_mask.sum(-1)).long()
 
 
 def prompt_groups(input_ids: torch.Tensor, lengths: torch.Tensor, prefix: torch.Tensor | None
