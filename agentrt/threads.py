@@ -22,12 +22,14 @@ thread is the start and the fallback; more are chosen only when measured faster 
 model's own forward. What remains is the timing itself, and on a busy machine that was the whole
 difference: with the other cores' load average at 7 the tuner chose 1 thread, yet the default ran
 0.95x the steps/s of ``threads: 1`` over 12 GRPO steps, the probe's cost. So a check times more
-threads only where other processes leave a core for them (:func:`spare_cpus`: the busier of the
-1-minute load average and the tasks runnable now, this process's own threads taken out); on a
-busy machine the default *is* one thread, with nothing timed. The average alone lagged: a
+threads only where other processes leave a core for them (:func:`spare_cpus`: the tasks runnable
+now, this process's own threads taken out); on a busy machine the default *is* one thread, with
+nothing timed. The 1-minute load average (read only where /proc is missing) lags both ways: a
 neighbour started seconds before the run was not in it, the first check timed 2 threads on its
-core and the default ran 0.95x in bench/threads.py's "one core busy"; the runnable tasks show it
-at once, and there the default now times nothing (measured under load 1-7: one thread, untimed,
+core and the default ran 0.95x in bench/threads.py's "one core busy"; and a run that ended
+seconds before stayed in it, so the next run of a sweep or benchmark started on one thread of an
+idle machine until its next check. The runnable tasks show both at once, and with a neighbour
+the default now times nothing (measured under load 1-7: one thread, untimed,
 the same CPU seconds per step as ``threads: 1``, a 45 ms start check; the steps/s ratios, 0.86-
 1.01x, moved as much between identical arms: docs/performance.md). A neighbour that starts
 after a check chose more threads is seen by the per-step watch: one thread after two crowded
@@ -106,12 +108,15 @@ def candidates(cpus: int) -> list[int]:
 
 def spare_from(cpus: int, load: float | None, torch_threads: int,
                runnable: Sequence[tuple[int, int]]) -> float:
-    """CPUs other processes leave free, by the busier of two views of them.
+    """CPUs other processes leave free now.
 
     Args:
         cpus: CPUs this process may run on (:func:`usable_cpus`).
-        load: The 1-minute load average (None where unknown); this process's ``torch_threads``
-            are taken out of it. It lags: a neighbour that started seconds ago is barely in it.
+        load: The 1-minute load average (None where unknown), read only where there are no
+            ``runnable`` samples; this process's ``torch_threads`` are taken out of it. It lags
+            both ways: a neighbour that started seconds ago is barely in it, and one that ended
+            (the previous run of a sweep, the ``pip install`` before a demo) stays in it for
+            a minute.
         torch_threads: This process's torch thread count.
         runnable: Samples taken a few ms apart of (tasks runnable system-wide, this process's
             runnable threads), as ``/proc/loadavg`` and ``/proc/self/task`` show them now (none
@@ -119,10 +124,13 @@ def spare_from(cpus: int, load: float | None, torch_threads: int,
             runnable tasks now: a job that holds a core is runnable in every sample, and one
             wake-up of a short task in one sample does not count.
     """
-    others = [max(0.0, load - torch_threads)] if load is not None else []
     if runnable:
-        others.append(max(0.0, statistics.median(r - own for r, own in runnable)))
-    return cpus - max(others, default=0.0)
+        others = statistics.median(r - own for r, own in runnable)
+    elif load is not None:
+        others = load - torch_threads
+    else:
+        others = 0.0
+    return cpus - max(0.0, others)
 
 
 def runnable_now() -> tuple[int, int] | None:
@@ -141,8 +149,8 @@ def runnable_now() -> tuple[int, int] | None:
 
 
 def spare_cpus(samples: int = 5, gap: float = 0.01) -> float:
-    """CPUs other processes leave free now (:func:`spare_from`), from the 1-minute load average
-    and ``samples`` reads of the runnable tasks ``gap`` seconds apart (one read: the per-step
+    """CPUs other processes leave free now (:func:`spare_from`), from ``samples`` reads of the
+    runnable tasks ``gap`` seconds apart (the 1-minute load average without /proc) (one read: the per-step
     watch of :class:`ThreadTuner`, about 0.02 ms)."""
     try:
         load: float | None = os.getloadavg()[0]

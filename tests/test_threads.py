@@ -119,14 +119,15 @@ def test_more_threads_are_timed_only_when_spare_cpus_fit_them(restore_threads, s
 @pytest.mark.parametrize("load, torch_threads, runnable, spare", [
     (0.2, 1, [(1, 1)] * 5, 2.0),  # idle: only the reading thread runs
     (0.8, 1, [(2, 1)] * 5, 1.0),  # a neighbour started seconds ago: the load average lags
-    (1.5, 1, [(1, 1)] * 5, 1.5),  # one that just stopped: the load average still shows it
-    (2.1, 2, [(3, 3)] * 5, 1.9),  # this process's own threads are not others
+    (1.9, 1, [(1, 1)] * 5, 2.0),  # one that just ended (the run before): the average still
+    (2.1, 2, [(3, 3)] * 5, 2.0),  # counts it, the runnable tasks do not; nor our own threads
     (0.2, 1, [(1, 1), (3, 1), (1, 1), (2, 1), (1, 1)], 2.0),  # wake-ups in two samples of five
     (0.2, 1, [(2, 1), (2, 1), (1, 1), (2, 1), (3, 2)], 1.0),  # a neighbour in most samples
-    (2.0, 1, [], 1.0),  # no /proc (not Linux): the load average alone
+    (2.0, 1, [], 1.0),  # no /proc (not Linux): the load average, our own threads out
+    (2.9, 2, [], 1.1),
     (None, 1, [], 2.0),  # nothing known: all of them
 ])
-def test_spare_cpus_is_the_busier_of_the_load_average_and_the_runnable_tasks_now(
+def test_spare_cpus_are_what_the_runnable_tasks_now_leave_free(
         load, torch_threads, runnable, spare):
     assert spare_from(2, load, torch_threads, runnable) == pytest.approx(spare)
 
