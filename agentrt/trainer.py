@@ -26,7 +26,7 @@ from agentrt.rewards.deferred import score_trajectories, trainable
 from agentrt.run import RunDir, seed_everything
 from agentrt.weights import resolve_device
 from agentrt.runner.core import EpisodeSpec, RunnerConfig, RunResult
-from agentrt.tasks import Example, encode_prompt
+from agentrt.tasks import Example
 from agentrt.types import Trajectory, Turn
 
 log = logging.getLogger(__name__)
@@ -38,12 +38,13 @@ TASK_TEMPLATE = PromptTemplate(first="{observation}", history=False)
 def demonstrations(tokenizer: Any, examples: list[Example]) -> list[Trajectory]:
     """SFT data: prompt ids + answer ids + eos, loss on the answer only."""
     eos = int(tokenizer.eos_token_id)
-    trajs = []
-    for ex in examples:
-        response = tokenizer.encode(ex.answer, add_special_tokens=False) + [eos]
-        trajs.append(Trajectory([Turn(encode_prompt(tokenizer, ex.prompt), response,
-                                      [0.0] * len(response))]))
-    return trajs
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    # one batched call per field (encode_prompt's ids): a call per string cost ~3% of a warm start
+    texts = [ex.prompt for ex in examples] + [ex.answer for ex in examples]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    n = len(examples)
+    return [Trajectory([Turn(bos + prompt, answer + [eos], [0.0] * (len(answer) + 1))])
+            for prompt, answer in zip(ids[:n], ids[n:])]
 
 
 def sft_warm_start(ctl: Controller, pid: str, examples: list[Example] | Any, sft: Any,

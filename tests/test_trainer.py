@@ -138,3 +138,21 @@ def test_reward_by_import_path_and_unknown_reward(tmp_path):
         resolve_reward("nope")
     with pytest.raises(ConfigError, match="has no function"):
         resolve_reward("agentrt.rewards:nope")
+
+
+def test_demonstrations_are_bos_prompt_then_answer_and_eos(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from agentrt.tasks import Example, encode_prompt
+    from agentrt.trainer import demonstrations
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    exs = [Example("12+7=", "19"), Example("", "5"), Example("3+4=", "")]
+    trajs = demonstrations(tok, exs)
+    for ex, traj in zip(exs, trajs):
+        (turn,) = traj.turns
+        assert turn.prompt_ids == encode_prompt(tok, ex.prompt)
+        answer = tok.encode(ex.answer, add_special_tokens=False)
+        assert turn.response_ids == answer + [tok.eos_token_id]
+        assert turn.logprobs == [0.0] * len(turn.response_ids)
+    assert demonstrations(tok, []) == []
