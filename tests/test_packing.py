@@ -139,6 +139,28 @@ def test_token_budget_plans_cover_every_row_within_the_budget():
     assert plan_micro_batches([9, 8, 7], 4, 100, True, rows=[3, 1, 2]) == [[0, 1], [2]]
 
 
+def test_rows_are_packed_first_fit_decreasing():
+    def first_fit(lengths, width):  # the plain scan of open rows
+        rows, free = [], []
+        for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+            slot = next((r for r, f in enumerate(free) if f >= lengths[i]), None)
+            if slot is None:
+                rows.append([i])
+                free.append(width - lengths[i])
+            else:
+                rows[slot].append(i)
+                free[slot] -= lengths[i]
+        return rows
+
+    rng = random.Random(5)
+    for n in (0, 1, 2, 7, 64, 300):
+        lengths = [rng.randint(1, 64) for _ in range(n)]
+        for width in (64, 100, 257):
+            rows = packing.pack_rows(lengths, width)
+            assert rows == first_fit(lengths, width)
+            assert all(sum(lengths[i] for i in row) <= width for row in rows)
+
+
 @pytest.mark.parametrize("policy, field", [({"micro_batch_tokens": 0}, "micro_batch_tokens"),
                                            ({"micro_batch_tokens": "lots"}, "micro_batch_tokens"),
                                            ({"packing": "maybe"}, "packing")])
