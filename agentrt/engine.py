@@ -43,6 +43,10 @@ from agentrt.weights import SharedModel
 
 log = logging.getLogger(__name__)
 
+# Mean |rollout - trainer| log-prob per token up to which "auto" keeps the rollout's as the old
+# log-probs (fp32 HF rollout: ~2e-7; bf16 autocast: ~1e-3; another temperature: 1e-1 or more).
+ROLLOUT_MATCH_TOL = 1e-4
+
 
 class HybridEngine(EngineState):
     """The learner of one policy over the shared model that hosts it.
@@ -103,6 +107,11 @@ class HybridEngine(EngineState):
         # torch.compile, dynamic shapes as every update's packed rows differ; the no-grad
         # log-prob passes (recompute, reference: weights swapped in) and the rollout stay eager.
         self.compiled = torch.compile(self.model, dynamic=True) if cfg.compile else None
+        # An fp32 rollout of these weights by the HF backend computes the trainer's log-probs
+        # (measured gap ~2e-7 a token): with several optimizer steps per batch, "auto" takes the
+        # old log-probs from it instead of a separate forward pass, while every update's first
+        # step measures the gap and turns this off past ROLLOUT_MATCH_TOL.
+        self.rollout_matches = cfg.rollout.backend == "hf" and self.autocast_dtype is None
         self.sync_rollout()  # vLLM: serve this policy's weights from the start
 
     # ------------------------------------------------------------------ set-up helpers
@@ -280,8 +289,10 @@ class HybridEngine(EngineState):
         ``"update"``: one optimizer step on fresh samples starts from the rollout's weights, so
         its own forward pass, detached, gives exactly the old log-probs (ratio 1, the same
         gradient) and no forward pass is computed twice. ``"rollout"``: the rollout's
-        (behaviour) log-probs, also what stale samples need. ``"recompute"``: a separate forward
-        pass of the trainer in ``prepare``, exact however the rollout's numerics differ.
+        (behaviour) log-probs, also what stale samples need, and what ``auto`` takes for several
+        steps per batch where the rollout's numerics are the trainer's (fp32, HF backend: see
+        ``rollout_matches``). ``"recompute"``: a separate forward pass of the trainer in
+        ``prepare``, exact however the rollout's numerics differ.
         """
         algo = self.algo
         if algo.old_logprobs != "auto":
@@ -290,9 +301,11 @@ class HybridEngine(EngineState):
             return "rollout"
         one_step = algo.ppo_epochs == 1 and algo.mini_batches == 1
         kl_in_reward = self.uses_reference and algo.kl.placement == "reward"  # read before it
-        if one_step and not algo.train_dropout and not kl_in_reward:
+        if algo.train_dropout:
+            return "recompute"
+        if one_step and not kl_in_reward:
             return "update"
-        return "recompute"
+        return "rollout" if self.rollout_matches else "recompute"
 
     def prepare(self, batch: TrainBatch) -> dict[str, float]:
         """Fills old log-probs (when recomputed, see :meth:`old_logprobs_source`), reference
@@ -394,6 +407,13 @@ class HybridEngine(EngineState):
         metrics = {k: sum(v) / len(v) for k, v in history.items()} | self.padding_metrics()
         if self.data_parallel is not None:  # whole-batch values, the same on every replica
             metrics = self.data_parallel.reduce_metrics(metrics)
+        gap = metrics.get("rollout/logprob_diff", 0.0)
+        if source == "rollout" and self.algo.old_logprobs == "auto" and not batch.stale and \
+                not gap <= ROLLOUT_MATCH_TOL:
+            log.warning("policy %s: the rollout's log-probs are %.2g a token from the trainer's "
+                        "(more than %g): old log-probs are recomputed from now on",
+                        self.policy_id, gap, ROLLOUT_MATCH_TOL)
+            self.rollout_matches = False
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
         metrics["actor/kl_coef"] = self.kl_ctl.coef
         self.scheduler.step()

@@ -80,18 +80,59 @@ def test_old_logprobs_from_the_update_give_the_recomputed_step(tiny_model_dir):
 def test_old_logprobs_are_recomputed_or_the_rollouts_where_the_update_cannot_give_them(
         tiny_model_dir):
     batch, _ = rollout_batch(make_engine(tiny_model_dir))
-    cases = {"recompute": [AlgorithmConfig(ppo_epochs=2), AlgorithmConfig(mini_batches=2),
-                           AlgorithmConfig(kl={"coef": 0.1, "placement": "reward"}),
-                           AlgorithmConfig(train_dropout=True)],
-             "update": [AlgorithmConfig(kl={"coef": 0.1})],
-             "rollout": [AlgorithmConfig(ppo_epochs=2, old_logprobs="rollout")]}
-    for want, algos in cases.items():
-        for algo in algos:
-            assert make_engine(tiny_model_dir, algorithm=algo).old_logprobs_source(batch) == want
+    bf16 = {"model": {"dtype": "bf16"}}
+    cases = {"recompute": [({}, AlgorithmConfig(train_dropout=True)),
+                           ({}, AlgorithmConfig(ppo_epochs=2, train_dropout=True)),
+                           (bf16, AlgorithmConfig(ppo_epochs=2)),
+                           (bf16, AlgorithmConfig(kl={"coef": 0.1, "placement": "reward"})),
+                           ({}, AlgorithmConfig(mini_batches=2, old_logprobs="recompute"))],
+             "update": [({}, AlgorithmConfig(kl={"coef": 0.1})), (bf16, AlgorithmConfig())],
+             # fp32 HF rollout: its log-probs are the trainer's, no second forward pass
+             "rollout": [({}, AlgorithmConfig(ppo_epochs=2)), ({}, AlgorithmConfig(mini_batches=2)),
+                         ({}, AlgorithmConfig(kl={"coef": 0.1, "placement": "reward"})),
+                         ({}, AlgorithmConfig(ppo_epochs=2, old_logprobs="rollout"))]}
+    for want, arms in cases.items():
+        for policy, algo in arms:
+            eng = make_engine(tiny_model_dir, algorithm=algo, **policy)
+            assert eng.old_logprobs_source(batch) == want, (policy, algo)
     batch.stale = True  # async rollout: only the behaviour log-probs are right
     assert make_engine(tiny_model_dir).old_logprobs_source(batch) == "rollout"
-    assert make_engine(tiny_model_dir, algorithm=AlgorithmConfig(ppo_epochs=2)
+    assert make_engine(tiny_model_dir, algorithm=AlgorithmConfig(ppo_epochs=2), **bf16
                        ).old_logprobs_source(batch.select([0, 1])) == "rollout"
+
+
+def test_rollout_old_logprobs_give_the_recomputed_steps_and_a_gap_turns_them_off(
+        tiny_model_dir):
+    """Several optimizer steps per batch on an fp32 HF rollout: the rollout's log-probs as the
+    old ones give the weights of the separate recompute (fp32 rounding of the ratio); rollout
+    log-probs off by 0.05 a token are seen at the update's first step, and the next batch is
+    recomputed."""
+    algo = AlgorithmConfig(mini_batches=2, ppo_epochs=2)
+    engines = [make_engine(tiny_model_dir, optim={"lr": 1e-3},
+                           algorithm=algo.model_copy(update={"old_logprobs": old}))
+               for old in ("recompute", "auto")]
+    start = params_of(engines[0])
+    batch, _ = rollout_batch(engines[0])
+    params, metrics = [], []
+    for eng in engines:
+        b = batch.select(list(range(batch.size)))
+        metrics.append(eng.prepare(b) | eng.compute_advantages(b) | eng.update(b))
+        params.append(params_of(eng))
+    assert [e.old_logprobs_source(batch) for e in engines] == ["recompute", "rollout"]
+    assert all(0.0 < m["rollout/logprob_diff"] < 1e-5 for m in metrics)
+    assert metrics[1]["actor/grad_norm"] == pytest.approx(metrics[0]["actor/grad_norm"], rel=1e-5)
+    assert metrics[1]["actor/clipfrac"] == metrics[0]["actor/clipfrac"] > 0
+    # Adam turns 1e-7 differences of near-zero gradients into visible steps: compare the whole
+    # update, measured 1e-4 of its size (old log-probs 0.01 a token off: 9e-2)
+    norm = lambda d: float(sum((v ** 2).sum() for v in d.values()) ** 0.5)  # noqa: E731
+    moved = norm({k: params[0][k] - start[k] for k in start})
+    assert norm({k: params[0][k] - params[1][k] for k in start}) < 1e-3 * moved
+    auto = engines[1]
+    off, _ = rollout_batch(auto)
+    off.old_logprobs = off.old_logprobs + 0.05 * off.loss_mask  # the rollout's numerics drift
+    gap = auto.prepare(off) | auto.compute_advantages(off) | auto.update(off)
+    assert gap["rollout/logprob_diff"] == pytest.approx(0.05, abs=1e-4)
+    assert auto.old_logprobs_source(off) == "recompute"
 
 
 def test_greedy_generation_is_deterministic_and_respects_length(tiny_model_dir):

@@ -67,10 +67,12 @@ class AlgorithmConfig(ConfigModel):
         "auto", description="Where the PPO ratio's old log-probs come from. auto: with one "
         "optimizer step per batch (ppo_epochs 1, mini_batches 1, no train_dropout, KL not in the "
         "reward) on fresh samples they equal the update's own log-probs, so its forward pass gives "
-        "them (detached) and none is computed twice; stale samples use the rollout's; otherwise "
-        "'recompute'. recompute: a separate forward pass of the trainer before the update. "
-        "rollout: the rollout's log-probs, no extra pass; only where the rollout's numerics match "
-        "the trainer's (fp32 HF rollout).")
+        "them (detached) and none is computed twice; stale samples use the rollout's; with more "
+        "steps per batch, the rollout's where its numerics are the trainer's (fp32, HF backend; "
+        "every update's first step measures the gap and a gap over 1e-4 a token switches to "
+        "recompute), else 'recompute'; train_dropout always recomputes. recompute: a separate "
+        "forward pass of the trainer before the update. rollout: the rollout's log-probs, no "
+        "extra pass; only where the rollout's numerics match the trainer's (fp32 HF rollout).")
     critic: bool = Field(False, description="Train a value model (set by the ppo preset).")
     vf_coef: float = Field(1.0, gt=0.0, description="Scale of the value loss.")
     value_clip: float | None = Field(0.2, gt=0.0, description="Value clipping range.")
