@@ -114,8 +114,18 @@ class LMPolicy:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def prompt_ids(self, request: ActRequest, context_ids: list[int] | None = None) -> list[int]:
-        """Token ids of the prompt for ``request`` (see module docstring)."""
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """``encode`` of each text, in one batched call where the tokenizer has one (a call per
+        text cost ~8% of a league step: ~630 prompts a step)."""
+        if texts and callable(self.tokenizer) and hasattr(self.tokenizer, "batch_encode_plus"):
+            return [list(ids) for ids in
+                    self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        return [self.encode(t) for t in texts]
+
+    def prompt_ids(self, request: ActRequest, context_ids: list[int] | None = None,
+                   encoded: list[int] | None = None) -> list[int]:
+        """Token ids of the prompt for ``request`` (see module docstring); ``encoded``: its
+        rendered template's ids, when already encoded."""
         tpl = self.template(request.env_name)
         prev = request.previous
         if tpl.continues(request):
@@ -123,7 +133,9 @@ class LMPolicy:
         else:
             bos = self.tokenizer.bos_token_id
             head = [bos] if tpl.add_bos and bos is not None else []
-        return head + list(context_ids or []) + self.encode(tpl.render(request))
+        if encoded is None:
+            encoded = self.encode(tpl.render(request))
+        return head + list(context_ids or []) + encoded
 
     def act(self, requests: list[ActRequest]) -> list[Action]:
         """One ``engine.generate`` call for all requests that fit the context."""
@@ -132,8 +144,9 @@ class LMPolicy:
         prompts: list[list[int]] = []
         index: list[int] = []
         limit = self.max_context - self.max_new_tokens
+        encoded = self.encode_many([self.template(r.env_name).render(r) for r in requests])
         for i, (req, (ctx_ids, _)) in enumerate(zip(requests, contexts)):
-            ids = self.prompt_ids(req, ctx_ids)
+            ids = self.prompt_ids(req, ctx_ids, encoded[i])
             if len(ids) > limit:
                 actions[i] = Action("", truncate=True)
                 continue

@@ -154,3 +154,10 @@ def test_task_env_groups_repeated_prompts_for_group_baselines(engine) -> None:
     for a, b in zip(trajs, trajs[1:4]):
         assert a.group_id == b.group_id and a.turns[0].prompt_ids == b.turns[0].prompt_ids
     assert all(t.outcome == t.reward for t in trajs)  # single agent: outcome is the return
+
+
+def test_prompts_encoded_in_one_call_are_those_encoded_one_by_one(engine) -> None:
+    policy = LMPolicy(engine, templates=SHORT)
+    texts = ["X|X1O3X5678\nAction: ", "", "  two  spaces", "ünïcode ✓\n", "a+b="]
+    assert policy.encode_many(texts) == [policy.encode(t) for t in texts]
+    assert policy.encode_many([]) == []
