@@ -21,7 +21,10 @@ time on a loaded machine).
 
 Run: ``.venv/bin/python bench/vs_trl.py [--models llama-tiny,llama-small] [--tokens 6,32]
 [--reps 3] [--steps 20] [--warmup 3] [--threads 2] [--backend hf|vllm] [--precision fp32|bf16]
-[--set KEY=VALUE] [--base-set KEY=VALUE]``. ``--set`` passes agentrt config overrides to the
+[--compile] [--set KEY=VALUE] [--base-set KEY=VALUE]``. ``--compile``: agentrt with
+``policy.compile`` against two TRL arms, eager and ``torch_compile=True`` (TRL compiles the model
+its generate runs too), and against the faster of them per repetition (TRL-best). ``--set``
+passes agentrt config overrides to the
 agentrt arms; ``--base-set`` adds a third arm, agentrt-base, with more overrides (before/after
 in one run, e.g. ``--base-set policy.algorithm.old_logprobs=recompute``: the separate
 old-logprob pass). Needs the bench extra: ``pip install -e .[bench]``.
@@ -145,7 +148,8 @@ def run_agentrt(a: argparse.Namespace) -> dict:
 
 
 # ---------------------------------------------------------------------------------- TRL arm
-def trl_args(out: str, tokens: int, steps: int, vllm: bool, precision: str = "fp32"):
+def trl_args(out: str, tokens: int, steps: int, vllm: bool, precision: str = "fp32",
+             compile: bool = False):
     from trl import GRPOConfig
 
     extra = ({"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3,
@@ -158,7 +162,7 @@ def trl_args(out: str, tokens: int, steps: int, vllm: bool, precision: str = "fp
         weight_decay=0.0, beta=0.0, num_iterations=1, epsilon=0.2, loss_type="dapo",
         scale_rewards="group", max_steps=steps, logging_steps=1, report_to=[],
         save_strategy="no", seed=SEED, use_cpu=True, bf16=precision == "bf16", fp16=False,
-        dataloader_num_workers=0, disable_tqdm=True, **extra)
+        dataloader_num_workers=0, disable_tqdm=True, torch_compile=compile, **extra)
 
 
 def exact_match_reward(completions: list[str], answer: list[str], **_: object) -> list[float]:
@@ -235,7 +239,7 @@ def run_trl(a: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         trainer = timed_trainer(GRPOTrainer)(
             model=model, reward_funcs=exact_match_reward, processing_class=tok,
-            args=trl_args(tmp, a.tokens, total, a.backend == "vllm", a.precision),
+            args=trl_args(tmp, a.tokens, total, a.backend == "vllm", a.precision, a.compile),
             train_dataset=trl_dataset(tok, 20000))
         trainer.train()
     return summarize(trainer.phases[a.warmup:a.warmup + a.steps]) | {
@@ -337,11 +341,11 @@ def run_parity(a: argparse.Namespace) -> dict:
 
 # ---------------------------------------------------------------------------------- driver
 def worker(arm: str, model_dir: Path, tokens: int, a: argparse.Namespace,
-           overrides: list[str], backend: str | None = None) -> dict:
+           overrides: list[str], backend: str | None = None, compiled: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--worker", arm, "--model-dir", str(model_dir),
            "--tokens", str(tokens), "--steps", str(a.steps), "--warmup", str(a.warmup),
            "--threads", str(a.threads), "--backend", backend or a.backend,
-           "--precision", a.precision]
+           "--precision", a.precision] + ["--compile"] * compiled
     for s in overrides:
         cmd += ["--set", s]
     env = os.environ | {"OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false",
@@ -383,18 +387,20 @@ def parity(preset: str, model_dir: Path, tokens: int, a: argparse.Namespace) -> 
 def compare(preset: str, model_dir: Path, n: int, a: argparse.Namespace) -> dict[str, float]:
     """Interleaved reps of every arm; returns each agentrt arm's median ratio to TRL. Where
     TRL's vLLM colocate mode fails, says why and measures TRL with its HF generate instead."""
-    arms = {"agentrt": ("agentrt", a.set), "TRL": ("trl", [])}
+    arms = {"agentrt": ("agentrt", a.set, a.compile), "TRL": ("trl", [], False)}
+    if a.compile:  # TRL's torch_compile also runs its generate through the compiled model
+        arms["TRL-compiled"] = ("trl", [], True)
     if a.base_set:
-        arms["agentrt-base"] = ("agentrt", a.set + a.base_set)
+        arms["agentrt-base"] = ("agentrt", a.set + a.base_set, a.compile)
     names = list(arms)
     runs: dict[str, list[dict]] = {k: [] for k in names}
     trl_backend = a.backend
     for rep in range(a.reps):
         for name in names[rep % len(names):] + names[:rep % len(names)]:
-            kind, overrides = arms[name]
+            kind, overrides, compiled = arms[name]
             backend = trl_backend if kind == "trl" else a.backend
             try:
-                runs[name].append(worker(kind, model_dir, n, a, overrides, backend))
+                runs[name].append(worker(kind, model_dir, n, a, overrides, backend, compiled))
             except RuntimeError as exc:
                 if kind != "trl" or backend != "vllm":
                     raise
@@ -402,19 +408,23 @@ def compare(preset: str, model_dir: Path, n: int, a: argparse.Namespace) -> dict
                 print(f"  TRL with vLLM (colocate) does not run here: {errors[-1].strip()}; "
                       "TRL is measured with its HF generate instead")
                 trl_backend = "hf"
-                runs[name].append(worker(kind, model_dir, n, a, overrides, "hf"))
+                runs[name].append(worker(kind, model_dir, n, a, overrides, "hf", compiled))
     print(f"{preset}, {n} generated tokens (load {os.getloadavg()[0]:.1f}):")
     ratios = {}
     for name in names:
         show(name, runs[name])
+    trls = [name for name in names if name.startswith("TRL")]
+    # with --compile, against TRL's faster setting in each repetition (eager or compiled)
+    best = [max((runs[t][rep] for t in trls), key=lambda r: r["steps_per_s"])
+            for rep in range(a.reps)]
     for name in names:
-        if name != "TRL" and "TRL" in names:
-            per_rep = [x["steps_per_s"] / y["steps_per_s"]
-                       for x, y in zip(runs[name], runs["TRL"])]
-            ratios[name] = statistics.median(per_rep)
-            cpu = [y["cpu_s_per_step"] / x["cpu_s_per_step"]
-                   for x, y in zip(runs[name], runs["TRL"])]
-            print(f"  {name}/TRL steps per second: {ratios[name]:.2f}x (per rep: "
+        if name.startswith("TRL"):
+            continue
+        for trl, theirs in [(t, runs[t]) for t in trls] + [("TRL-best", best)] * (len(trls) > 1):
+            per_rep = [x["steps_per_s"] / y["steps_per_s"] for x, y in zip(runs[name], theirs)]
+            ratios[f"{name}/{trl}"] = statistics.median(per_rep)
+            cpu = [y["cpu_s_per_step"] / x["cpu_s_per_step"] for x, y in zip(runs[name], theirs)]
+            print(f"  {name}/{trl} steps per second: {statistics.median(per_rep):.2f}x (per rep: "
                   f"{', '.join(f'{r:.2f}' for r in per_rep)}); per CPU second: "
                   f"{statistics.median(cpu):.2f}x (per rep: {', '.join(f'{r:.2f}' for r in cpu)})")
     return ratios
@@ -432,6 +442,11 @@ def main() -> None:
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                     help="both sides: fp32, or bf16 autocast over fp32 weights (agentrt "
                     "policy.model.dtype, TRL bf16=True)")
+    ap.add_argument("--compile", action="store_true",
+                    help="agentrt's update through torch.compile (policy.compile), against TRL "
+                    "eager and TRL torch_compile=True (which compiles its generate too) and the "
+                    "faster of the two per repetition; use --warmup 2 or more: the compiles are "
+                    "warm-up")
     ap.add_argument("--set", action="append", default=[], help="agentrt override KEY=VALUE")
     ap.add_argument("--base-set", action="append", default=[],
                     help="adds an arm agentrt-base with these overrides on top of --set")
@@ -444,6 +459,8 @@ def main() -> None:
 
         torch.set_num_threads(a.threads)
         a.tokens = int(a.tokens)
+        if a.compile and a.worker == "agentrt":
+            a.set = [*a.set, "policy.compile=true"]
         run = {"agentrt": run_agentrt, "trl": run_trl, "parity": run_parity}[a.worker]
         print(json.dumps(run(a)))
         return
@@ -453,7 +470,8 @@ def main() -> None:
     print(f"cpus {os.cpu_count()}, threads {a.threads}, load average "
           f"{os.getloadavg()[0]:.1f}; {PROMPTS} prompts x {GROUP} completions per step, "
           f"{a.reps} interleaved reps x {a.steps} timed steps (+{a.warmup} warm-up), fresh "
-          f"process per arm; backend {a.backend}, {a.precision}; agentrt overrides {a.set or 'none'}"
+          f"process per arm; backend {a.backend}, {a.precision}"
+          + (", agentrt compiled" if a.compile else "") + f"; agentrt overrides {a.set or 'none'}"
           + (f", agentrt-base adds {a.base_set}" if a.base_set else ""))
     summary = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -465,7 +483,7 @@ def main() -> None:
                 for name, r in compare(preset, model_dir, n, a).items():
                     summary.append(f"{preset} {n} tok {name} {r:.2f}x")
     if summary:
-        print("agentrt/TRL steps per second (median of reps): " + "; ".join(summary))
+        print("steps per second ratios (median of reps): " + "; ".join(summary))
 
 
 if __name__ == "__main__":
