@@ -117,7 +117,7 @@ class LMPolicy:
     def encode_many(self, texts: list[str]) -> list[list[int]]:
         """``encode`` of each text, in one batched call where the tokenizer has one (a call per
         text cost ~8% of a league step: ~630 prompts a step)."""
-        if texts and callable(self.tokenizer) and hasattr(self.tokenizer, "batch_encode_plus"):
+        if texts and callable(self.tokenizer):  # a transformers tokenizer
             return [list(ids) for ids in
                     self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
         return [self.encode(t) for t in texts]

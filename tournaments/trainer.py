@@ -55,10 +55,14 @@ class Teacher:
     def act(self, requests: list[ActRequest]) -> list[Action]:
         out = []
         eos = self.lm.tokenizer.eos_token_id
-        for req, action in zip(requests, self.scripted.act(requests)):
-            response = self.lm.encode(action.text) + [eos]
-            turn = Turn(self.lm.prompt_ids(req), response, [0.0] * len(response), role=req.agent,
-                        policy_id=self.policy_id)
+        actions = self.scripted.act(requests)
+        # prompts and moves of the whole tick in one tokenizer call
+        ids = self.lm.encode_many([self.lm.template(r.env_name).render(r) for r in requests]
+                                  + [a.text for a in actions])
+        for req, action, prompt, move in zip(requests, actions, ids, ids[len(requests):]):
+            response = move + [eos]
+            turn = Turn(self.lm.prompt_ids(req, encoded=prompt), response, [0.0] * len(response),
+                        role=req.agent, policy_id=self.policy_id)
             out.append(Action(action.text, turn))
         return out
 

@@ -161,3 +161,17 @@ def test_prompts_encoded_in_one_call_are_those_encoded_one_by_one(engine) -> Non
     texts = ["X|X1O3X5678\nAction: ", "", "  two  spaces", "ünïcode ✓\n", "a+b="]
     assert policy.encode_many(texts) == [policy.encode(t) for t in texts]
     assert policy.encode_many([]) == []
+    calls = []
+    tokenizer = policy.tokenizer
+
+    class Counting:  # the real tokenizer, its calls counted
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def __call__(self, *args, **kwargs):
+            calls.append(len(args[0]))
+            return tokenizer(*args, **kwargs)
+
+    policy.tokenizer = Counting()
+    assert policy.encode_many(texts) == [policy.encode(t) for t in texts]
+    assert calls == [len(texts)]  # one batched call
