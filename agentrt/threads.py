@@ -150,8 +150,8 @@ def runnable_now() -> tuple[int, int] | None:
 
 def spare_cpus(samples: int = 5, gap: float = 0.01) -> float:
     """CPUs other processes leave free now (:func:`spare_from`), from ``samples`` reads of the
-    runnable tasks ``gap`` seconds apart (the 1-minute load average without /proc) (one read: the per-step
-    watch of :class:`ThreadTuner`, about 0.02 ms)."""
+    runnable tasks ``gap`` seconds apart (one read: the per-step watch of :class:`ThreadTuner`,
+    about 0.02 ms); from the 1-minute load average where there is no /proc."""
     try:
         load: float | None = os.getloadavg()[0]
     except OSError:  # not available on this platform
