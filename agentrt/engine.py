@@ -305,7 +305,7 @@ class HybridEngine(EngineState):
             return "recompute"
         if one_step and not kl_in_reward:
             return "update"
-        return "rollout" if self.rollout_matches else "recompute"
+        return "rollout" if self.rollout_matches and not batch.replayed else "recompute"
 
     def prepare(self, batch: TrainBatch) -> dict[str, float]:
         """Fills old log-probs (when recomputed, see :meth:`old_logprobs_source`), reference

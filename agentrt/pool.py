@@ -219,9 +219,12 @@ class BasePool:
         algo = self.policies[name].algorithm
         start = time.perf_counter()
         batch = collate(trajectories, self.pad_id)
+        older = any(t.policy_version < self.versions[name] for t in trajectories)
         if self.lagging:  # sampled by older weights: the ratio's old log-probs must be the
             # sampling (behaviour) policy's, the rollout's, not the learner's current ones
-            batch.stale = any(t.policy_version < self.versions[name] for t in trajectories)
+            batch.stale = older
+        else:  # replayed rows: recomputed with the current weights (docs/control.md)
+            batch.replayed = older
         self._check_split(batch.size, algo.mini_batches, name)
         ref = self._put(batch)
         prepared = self._call_each("prepare", [(ref, rows, name) for rows in

@@ -152,6 +152,9 @@ class TrainBatch:
     # Sampled by older weights than the learner's (async rollout): the PPO ratio must then use
     # the rollout's (behaviour) log-probs, never the learner's current ones.
     stale: bool = False
+    # Some rows sampled by older weights in a synchronous run (replayed feedback): their rollout
+    # log-probs are not the current weights', so "auto" does not take them as the old ones.
+    replayed: bool = False
 
     @property
     def size(self) -> int:

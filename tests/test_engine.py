@@ -95,6 +95,10 @@ def test_old_logprobs_are_recomputed_or_the_rollouts_where_the_update_cannot_giv
         for policy, algo in arms:
             eng = make_engine(tiny_model_dir, algorithm=algo, **policy)
             assert eng.old_logprobs_source(batch) == want, (policy, algo)
+    several = make_engine(tiny_model_dir, algorithm=AlgorithmConfig(mini_batches=2))
+    batch.replayed = True  # replayed feedback: rollout log-probs of older weights, recomputed
+    assert several.old_logprobs_source(batch.select([0, 1])) == "recompute"
+    batch.replayed = False
     batch.stale = True  # async rollout: only the behaviour log-probs are right
     assert make_engine(tiny_model_dir).old_logprobs_source(batch) == "rollout"
     assert make_engine(tiny_model_dir, algorithm=AlgorithmConfig(ppo_epochs=2), **bf16

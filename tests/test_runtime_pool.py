@@ -60,6 +60,8 @@ def test_local_pool_is_the_engine_loop_bit_for_bit(tiny_model_dir):
     for trajs in make_batches(local, 2):
         m_pool = local.train(trajs)
         batch = collate(trajs, eng.pad_id)
+        # the second batch was sampled before the first step: the pool marks it replayed
+        batch.replayed = any(t.policy_version < eng.version for t in trajs)
         m_eng = eng.prepare(batch) | eng.compute_advantages(batch) | eng.update(batch)
         assert {k: v for k, v in m_pool.items() if k in m_eng} == m_eng
     assert max_diff(local.weights(), eng.trainable_state()) == 0.0
@@ -122,3 +124,17 @@ def test_kill_9_of_a_worker_mid_run_loses_no_trajectory(pool, tiny_model_dir, ca
     diff = max_diff(pool.weights(), local.weights())
     print(f"\nkill -9 mid-run: recovered; max abs weight diff vs uninterrupted {diff:.2e}")
     assert diff < 1e-5
+
+
+def test_rows_sampled_before_a_step_are_recomputed_not_taken_from_the_rollout(
+        tiny_model_dir, caplog):
+    """Several steps per batch on an fp32 rollout take the rollout's log-probs as the old ones,
+    but not for rows older weights sampled (replayed feedback): those are recomputed, and the
+    gap they carry does not switch the rollout's log-probs off for later batches."""
+    local = LocalPool(ppo_policy(tiny_model_dir), seed=0)
+    first, second = make_batches(local, 2)  # both sampled by version 0
+    local.train(first)
+    with caplog.at_level(logging.WARNING, logger="agentrt.engine"):
+        metrics = local.train(second)  # trained at version 1
+    assert metrics["rollout/logprob_diff"] > 1e-3  # the recompute measured the old weights' gap
+    assert local.engine.rollout_matches and not caplog.records
