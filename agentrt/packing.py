@@ -70,7 +70,7 @@ def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int | None
     if max_tokens is None:
         return [list(range(s, min(n, s + max_rows))) for s in range(0, n, max_rows)]
     if prefix is not None and input_ids is not None:
-        groups = prompt_groups(input_ids.cpu(), torch.tensor(lengths), prefix.cpu())
+        groups = prompt_groups(input_ids.cpu(), lengths, prefix.cpu())
         costs = [p + sum(lengths[i] - p for i in members) for p, members in groups]
         parts = plan_micro_batches(costs, max_rows, max_tokens, True, [len(m) for _, m in groups])
         return [[i for g in part for i in groups[g][1]] for part in parts]
@@ -192,8 +192,8 @@ def layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool,
         return Layout(input_ids[:, :longest], attention_mask[:, :longest], None, None, None,
                       (bsz, width), tokens)
     input_ids = input_ids.cpu()  # the index arithmetic runs on the CPU; inputs() moves the rows
-    groups = prompt_groups(input_ids, lengths, prefix)
     n_tok = lengths.tolist()
+    groups = prompt_groups(input_ids, n_tok, prefix)
     scale = ATTENTION_PER_POSITION * hidden or float("inf")
     biggest = max((len(rows) for _, rows in groups), default=1)
     plans = []
@@ -266,7 +266,7 @@ def trained_prefix(loss_mask: torch.Tensor, attention_mask: torch.Tensor) -> tor
                        attention_mask.sum(-1)).long()
 
 
-def prompt_groups(input_ids: torch.Tensor, lengths: torch.Tensor, prefix: torch.Tensor | None
+def prompt_groups(input_ids: torch.Tensor, lengths: list[int], prefix: torch.Tensor | None
                   ) -> list[tuple[int, list[int]]]:
     """(shared prefix length, rows): rows whose first ``prefix`` tokens (at least 2, with
     something after them) are the same; every other row alone, with prefix 0."""
@@ -274,7 +274,7 @@ def prompt_groups(input_ids: torch.Tensor, lengths: torch.Tensor, prefix: torch.
         return [(0, [i]) for i in range(len(lengths))]
     groups: dict[tuple[int, ...], list[int]] = {}
     ids = input_ids.tolist()
-    for i, (p, n) in enumerate(zip(prefix.tolist(), lengths.tolist())):
+    for i, (p, n) in enumerate(zip(prefix.tolist(), lengths)):
         key = tuple(ids[i][:p]) if 2 <= p < n else (-1 - i,)
         groups.setdefault(key, []).append(i)
     return [(len(key) if len(rows) > 1 else 0, rows) for key, rows in groups.items()]

@@ -101,5 +101,18 @@ def make_splits(name: str, options: dict[str, Any], train_size: int, eval_size: 
 
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     """bos + the prompt's ids (our tokenizers add no specials by themselves)."""
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    return bos + tokenizer.encode(text, add_special_tokens=False)
+    return prompt_head(tokenizer) + tokenizer.encode(text, add_special_tokens=False)
+
+
+def prompt_head(tokenizer: Any) -> list[int]:
+    """What every prompt starts with: bos, where the tokenizer has one."""
+    return [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+
+
+def encode_texts(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Each text's ids without specials, in one batched call where the tokenizer has one (a
+    transformers tokenizer is callable; a call per text cost ~6% of an SFT warm start and ~8%
+    of a league step)."""
+    if texts and callable(tokenizer):
+        return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]

@@ -26,7 +26,7 @@ from agentrt.rewards.deferred import score_trajectories, trainable
 from agentrt.run import RunDir, seed_everything
 from agentrt.weights import resolve_device
 from agentrt.runner.core import EpisodeSpec, RunnerConfig, RunResult
-from agentrt.tasks import Example
+from agentrt.tasks import Example, encode_texts, prompt_head
 from agentrt.types import Trajectory, Turn
 
 log = logging.getLogger(__name__)
@@ -37,13 +37,9 @@ TASK_TEMPLATE = PromptTemplate(first="{observation}", history=False)
 
 def demonstrations(tokenizer: Any, examples: list[Example]) -> list[Trajectory]:
     """SFT data: prompt ids + answer ids + eos, loss on the answer only."""
-    eos = int(tokenizer.eos_token_id)
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    # encode_prompt's ids, all prompts and answers in one call: a call each cost ~6% of a warm start
-    texts = [ex.prompt for ex in examples] + [ex.answer for ex in examples]
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-    n = len(examples)
-    return [Trajectory([Turn(bos + prompt, answer + [eos], [0.0] * (len(answer) + 1))])
+    eos, head, n = int(tokenizer.eos_token_id), prompt_head(tokenizer), len(examples)
+    ids = encode_texts(tokenizer, [ex.prompt for ex in examples] + [ex.answer for ex in examples])
+    return [Trajectory([Turn(head + prompt, answer + [eos], [0.0] * (len(answer) + 1))])
             for prompt, answer in zip(ids[:n], ids[n:])]
 
 

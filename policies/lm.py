@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from agentrt.policies.base import Action, ActRequest
+from agentrt.tasks import encode_texts
 from agentrt.types import Turn
 
 MemoryHook = Callable[[list[ActRequest]], list[tuple[list[int], list[str]]]]
@@ -115,27 +116,29 @@ class LMPolicy:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def encode_many(self, texts: list[str]) -> list[list[int]]:
-        """``encode`` of each text, in one batched call where the tokenizer has one (a call per
-        text cost ~8% of a league step: ~630 prompts a step)."""
-        if texts and callable(self.tokenizer):  # a transformers tokenizer
-            return [list(ids) for ids in
-                    self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        return [self.encode(t) for t in texts]
+        """``encode`` of each text, in one batched call (:func:`agentrt.tasks.encode_texts`)."""
+        return encode_texts(self.tokenizer, texts)
 
-    def prompt_ids(self, request: ActRequest, context_ids: list[int] | None = None,
-                   encoded: list[int] | None = None) -> list[int]:
-        """Token ids of the prompt for ``request`` (see module docstring); ``encoded``: its
-        rendered template's ids, when already encoded."""
-        tpl = self.template(request.env_name)
-        prev = request.previous
-        if tpl.continues(request):
-            head = prev.prompt_ids + prev.response_ids
-        else:
-            bos = self.tokenizer.bos_token_id
-            head = [bos] if tpl.add_bos and bos is not None else []
-        if encoded is None:
-            encoded = self.encode(tpl.render(request))
-        return head + list(context_ids or []) + encoded
+    def prompt_ids(self, request: ActRequest, context_ids: list[int] | None = None) -> list[int]:
+        """Token ids of the prompt for ``request`` (see module docstring)."""
+        return self.prompts_ids([request], [context_ids])[0]
+
+    def prompts_ids(self, requests: list[ActRequest],
+                    contexts: list[list[int] | None] | None = None) -> list[list[int]]:
+        """:meth:`prompt_ids` of each request (with its context ids), the rendered templates
+        encoded in one call."""
+        templates = [self.template(r.env_name) for r in requests]
+        encoded = self.encode_many([t.render(r) for t, r in zip(templates, requests)])
+        bos = self.tokenizer.bos_token_id
+        out = []
+        for tpl, req, ctx, ids in zip(templates, requests, contexts or [None] * len(requests),
+                                      encoded):
+            if tpl.continues(req):
+                head = req.previous.prompt_ids + req.previous.response_ids
+            else:
+                head = [bos] if tpl.add_bos and bos is not None else []
+            out.append(head + list(ctx or []) + ids)
+        return out
 
     def act(self, requests: list[ActRequest]) -> list[Action]:
         """One ``engine.generate`` call for all requests that fit the context."""
@@ -144,9 +147,8 @@ class LMPolicy:
         prompts: list[list[int]] = []
         index: list[int] = []
         limit = self.max_context - self.max_new_tokens
-        encoded = self.encode_many([self.template(r.env_name).render(r) for r in requests])
-        for i, (req, (ctx_ids, _)) in enumerate(zip(requests, contexts)):
-            ids = self.prompt_ids(req, ctx_ids, encoded[i])
+        all_ids = self.prompts_ids(requests, [ctx_ids for ctx_ids, _ in contexts])
+        for i, ids in enumerate(all_ids):
             if len(ids) > limit:
                 actions[i] = Action("", truncate=True)
                 continue

@@ -55,14 +55,13 @@ class Teacher:
     def act(self, requests: list[ActRequest]) -> list[Action]:
         out = []
         eos = self.lm.tokenizer.eos_token_id
-        actions = self.scripted.act(requests)
-        # prompts and moves of the whole tick in one tokenizer call
-        ids = self.lm.encode_many([self.lm.template(r.env_name).render(r) for r in requests]
-                                  + [a.text for a in actions])
-        for req, action, prompt, move in zip(requests, actions, ids, ids[len(requests):]):
+        actions = self.scripted.act(requests)  # the tick's prompts and moves: a call each
+        moves = self.lm.encode_many([a.text for a in actions])
+        for req, action, prompt, move in zip(requests, actions, self.lm.prompts_ids(requests),
+                                             moves):
             response = move + [eos]
-            turn = Turn(self.lm.prompt_ids(req, encoded=prompt), response, [0.0] * len(response),
-                        role=req.agent, policy_id=self.policy_id)
+            turn = Turn(prompt, response, [0.0] * len(response), role=req.agent,
+                        policy_id=self.policy_id)
             out.append(Action(action.text, turn))
         return out
 
