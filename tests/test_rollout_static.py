@@ -182,6 +182,89 @@ def test_lora_adapters_and_frozen_snapshots(tiny_model_dir):
         c.response_ids for c in swapped]
 
 
+def _adapters_model(tiny_model_dir, dropout: float = 0.0):
+    """llama-tiny with three LoRA adapters of different ranks and targets (random B, so each
+    changes the output)."""
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = load_model(tiny_model_dir)
+    torch.manual_seed(0)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout,
+                                             target_modules=["q_proj", "v_proj", "down_proj"]),
+                           adapter_name="x")
+    model.add_adapter("y", LoraConfig(r=8, lora_alpha=8, lora_dropout=dropout,
+                                      target_modules=["q_proj", "k_proj", "o_proj", "gate_proj",
+                                                      "up_proj", "down_proj"]))
+    model.add_adapter("z", LoraConfig(r=2, lora_alpha=4, lora_dropout=dropout,
+                                      target_modules=["v_proj", "up_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    return model.eval(), tokenizer
+
+
+def _one_adapter_at_a_time(model, rollout, prompts, names, sampling=GREEDY):
+    out = []
+    for prompt, name in zip(prompts, names):
+        model.set_adapter(name)
+        out += rollout.generate([prompt], sampling)
+    return out
+
+
+@pytest.mark.parametrize("decode", ["static", "hf"])
+def test_a_mixed_adapter_batch_equals_each_adapter_on_its_own(tiny_model_dir, decode):
+    """Rows of three adapters (ranks 4, 8, 2; different target modules) in one batch, interleaved
+    and sharing prompts across adapters (the static decoder's shared prefill must not share
+    them), give each adapter's own tokens and log-probs; so does a row set whose adapters finish
+    at different steps (rows dropped mid-batch)."""
+    model, tokenizer = _adapters_model(tiny_model_dir)
+    prompts = _prompts(12, seed=5)
+    names = ["x", "y", "z", "y", "x", "z", "z", "y", "x", "x", "y", "z"]
+    rollout = HFRollout(model, tokenizer, GREEDY, decode=decode)
+    alone = _one_adapter_at_a_time(model, rollout, prompts, names)
+    model.set_adapter("z")  # the active adapter plays no part in a mixed batch
+    mixed = rollout.generate(prompts, GREEDY, adapters=names)
+    _same(alone, mixed, atol=1e-5)
+    assert len({tuple(c.response_ids) for c, n in zip(alone, names) if n == "x"} &
+               {tuple(c.response_ids) for c, n in zip(alone, names) if n == "y"}) < 3
+    # An eos the adapters emit at different steps: rows leave the batch while others go on
+    eos = mixed[0].response_ids[2]
+    hf, static = _pair(model, tokenizer, eos=eos)
+    rollout = static if decode == "static" else hf
+    _same(_one_adapter_at_a_time(model, rollout, prompts, names),
+          rollout.generate(prompts, GREEDY, adapters=names), atol=1e-5)
+
+
+def test_mixed_adapter_batch_under_bf16_and_with_peft_layers_it_does_not_stack(tiny_model_dir):
+    """bf16 autocast: within bf16's tolerance of each adapter alone. LoRA dropout in a module left
+    in training mode is peft's own mixed batch (the decoder does not stack those layers)."""
+    model, tokenizer = _adapters_model(tiny_model_dir)
+    prompts = _prompts(9, seed=6)
+    names = ["x", "y", "z"] * 3
+    rollout = HFRollout(model, tokenizer, GREEDY, decode="static", autocast_dtype=torch.bfloat16)
+    alone = _one_adapter_at_a_time(model, rollout, prompts, names)
+    mixed = rollout.generate(prompts, GREEDY, adapters=names)
+    torch.testing.assert_close(torch.tensor([x for c in alone for x in c.logprobs[:1]]),
+                               torch.tensor([x for c in mixed for x in c.logprobs[:1]]),
+                               atol=0.05, rtol=0)
+    from agentrt.rollout.static import _stacked_lora
+
+    model, tokenizer = _adapters_model(tiny_model_dir, dropout=0.5)
+    q_proj = model.base_model.model.model.layers[0].self_attn.q_proj
+    assert _stacked_lora(q_proj, ["x", "y"], torch.float32) is not None  # eval: no dropout
+    rollout = HFRollout(model.train(), tokenizer, GREEDY, decode="static")
+    assert _stacked_lora(q_proj, ["x", "y"], torch.float32) is None
+    runs = []
+    for _ in range(2):  # peft's mixed batch, dropout drawn from torch's generator
+        torch.manual_seed(1)
+        runs.append(rollout.generate(prompts, GREEDY, adapters=names))
+    _same(*runs, atol=0)
+    model.eval()
+    _same(_one_adapter_at_a_time(model, rollout, prompts, names),
+          rollout.generate(prompts, GREEDY, adapters=names), atol=1e-5)
+
+
 class _Recorder:
     def __init__(self) -> None:
         self.puts: list[list] = []

@@ -78,12 +78,13 @@ class HFRollout:
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None,
-                 streamer: Any = None) -> list[Completion]:
+                 streamer: Any = None, adapters: list[str] | None = None) -> list[Completion]:
         """One response per prompt (token-id lists, non-empty); temperature 0 is greedy.
 
         ``streamer`` (transformers' streamer protocol: ``put`` gets the prompt ids, then each
         step's new ids, one per row) sees the tokens as they are generated; with a streamer the
-        prompts must fit one batch (``batch_size``).
+        prompts must fit one batch (``batch_size``). ``adapters`` (a peft model): each prompt's
+        LoRA adapter, all of them in one batch (peft's mixed-batch ``adapter_names``).
         """
         s = sampling or self.sampling
         if streamer is not None and len(prompts) > self.batch_size:
@@ -91,11 +92,13 @@ class HFRollout:
                              f"batch_size {self.batch_size}")
         out: list[Completion] = []
         for start in range(0, len(prompts), self.batch_size):
-            out += self._generate_batch(prompts[start:start + self.batch_size], s, streamer)
+            out += self._generate_batch(
+                prompts[start:start + self.batch_size], s, streamer,
+                None if adapters is None else adapters[start:start + self.batch_size])
         return out
 
-    def _generate_batch(self, prompts: list[list[int]], s: SamplingConfig, streamer: Any = None
-                        ) -> list[Completion]:
+    def _generate_batch(self, prompts: list[list[int]], s: SamplingConfig, streamer: Any = None,
+                        adapters: list[str] | None = None) -> list[Completion]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token (e.g. bos)")
         width = max(len(p) for p in prompts)
@@ -105,7 +108,7 @@ class HFRollout:
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         if self.decoder is not None:
-            new, logps = self.decoder.generate(ids, mask, s, streamer)
+            new, logps = self.decoder.generate(ids, mask, s, streamer, adapters)
             return [self._trim(new[i].tolist(), logps[i].tolist()) for i in range(len(prompts))]
         greedy = s.temperature == 0.0
         gen_kwargs: dict[str, Any] = dict(
@@ -123,7 +126,8 @@ class HFRollout:
                     else contextlib.nullcontext())
         with autocast:
             res = self.model.generate(input_ids=ids, attention_mask=mask, streamer=streamer,
-                                      generation_config=GenerationConfig(**gen_kwargs))
+                                      generation_config=GenerationConfig(**gen_kwargs),
+                                      **({} if adapters is None else {"adapter_names": adapters}))
         new = res.sequences[:, width:]
         logits = torch.stack(res.logits, dim=1).float() / (1.0 if greedy else s.temperature)
         logps = token_logprobs(logits, new)

@@ -116,7 +116,8 @@ class StaticDecoder:
 
     @torch.inference_mode()
     def generate(self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingConfig,
-                 streamer: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 streamer: Any = None, adapters: list[str] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Generates from a left-padded batch.
 
         Args:
@@ -124,6 +125,9 @@ class StaticDecoder:
             mask: Attention mask [B, W] (1 on prompt tokens).
             sampling: Temperature (0: greedy), top_k, top_p, max_new_tokens.
             streamer: transformers' streamer protocol, or None.
+            adapters: Per row, the peft LoRA adapter it runs as (a mixed batch: peft's
+                ``adapter_names``, each LoRA layer computes each adapter's rows with its own
+                weights, the base weights once for all); None: the active adapter for all.
 
         Returns:
             (tokens [B, T], log-probs [B, T] float32): T <= max_new_tokens; after a row's eos its
@@ -141,7 +145,8 @@ class StaticDecoder:
         autocast = torch.autocast(device.type, dtype=self.autocast_dtype,
                                   enabled=self.autocast_dtype is not None)
         kv_dtype = self.autocast_dtype or inner.embed_tokens.weight.dtype
-        plan = self._plan(kv_dtype)
+        order = None if adapters is None else {a: k for k, a in enumerate(dict.fromkeys(adapters))}
+        plan = self._plan(kv_dtype, order)
         caches = [tuple(torch.empty(batch, self.n_kv, width + steps, self.head_dim,
                                     dtype=kv_dtype, device=device) for _ in "kv")
                   for _ in inner.layers]
@@ -153,9 +158,14 @@ class StaticDecoder:
         rows = torch.arange(batch, device=device)  # full-batch index of each active row
         alive = torch.ones(batch, dtype=torch.bool, device=device)
         # Rows of one prompt (a GRPO group's) are prefilled once: their keys, values and first
-        # logits are the same, and the sampling below still draws every row on its own.
+        # logits are the same, and the sampling below still draws every row on its own. Rows
+        # of different adapters compute different keys from the same prompt.
         key = ids.masked_fill(mask == 0, -1)
+        if order is not None:
+            key = torch.cat([torch.tensor([order[a] for a in adapters], device=device)[:, None],
+                             key], dim=1)
         uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+        mixed = None if order is None else MixedRows(adapters, order, device)
         if len(uniq) < batch:
             first = torch.full((len(uniq),), batch, device=device).scatter_reduce(
                 0, inverse, torch.arange(batch, device=device), "amin")
@@ -163,13 +173,16 @@ class StaticDecoder:
                                       device=device) for _ in "kv") for _ in inner.layers]
             with autocast:
                 logits = self._forward(plan, once, ids[first], pos[first], 0,
-                                       _prefill_mask(valid[first, :width]))[inverse]
+                                       _prefill_mask(valid[first, :width]),
+                                       None if order is None else MixedRows(
+                                           [adapters[i] for i in first.tolist()], order,
+                                           device))[inverse]
             for (k, v), (k1, v1) in zip(caches, once):
                 k[:, :, :width], v[:, :, :width] = k1[inverse], v1[inverse]
         else:
             with autocast:
                 logits = self._forward(plan, caches, ids, pos, 0,
-                                       _prefill_mask(valid[:, :width]))
+                                       _prefill_mask(valid[:, :width]), mixed)
         pos = pos[:, -1:]
         for t in range(steps):
             token, logp = self._sample(logits, sampling)
@@ -183,13 +196,16 @@ class StaticDecoder:
             if n_alive == 0 or t == steps - 1:
                 break
             if len(rows) - n_alive >= max(1, int(COMPACT_FRACTION * len(rows))):
+                if order is not None:
+                    adapters = [adapters[i] for i in alive.nonzero().squeeze(1).tolist()]
+                    mixed = MixedRows(adapters, order, device)
                 rows, token, pos, valid = rows[alive], token[alive], pos[alive], valid[alive]
                 caches = [(k[alive], v[alive]) for k, v in caches]
                 alive = alive[alive]
             pos = pos + 1
             with autocast:
                 logits = self._forward(plan, caches, token[:, None], pos, width + t,
-                                       valid[:, None, None, :width + t + 1])
+                                       valid[:, None, None, :width + t + 1], mixed)
         if streamer is not None:
             streamer.end()
         return out[:, :t + 1], logps[:, :t + 1]
@@ -207,21 +223,22 @@ class StaticDecoder:
         return token, logp
 
     def _forward(self, plan: Plan, caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 tokens: torch.Tensor, pos: torch.Tensor, start: int, attend: torch.Tensor
-                 ) -> torch.Tensor:
+                 tokens: torch.Tensor, pos: torch.Tensor, start: int, attend: torch.Tensor,
+                 adapters: MixedRows | None = None) -> torch.Tensor:
         """Logits of the last position [b, V]; writes the new keys/values at ``start``.
 
-        ``tokens``/``pos`` [b, s]; ``attend`` [b, 1, s, start + s] (True: may attend)."""
+        ``tokens``/``pos`` [b, s]; ``attend`` [b, 1, s, start + s] (True: may attend);
+        ``adapters``: each row's LoRA adapter (see :meth:`generate`)."""
         inner = base_model(self.model).model
         b, s = tokens.shape
-        h = inner.embed_tokens(tokens)
+        h = _call(inner.embed_tokens, tokens, None if adapters is None else adapters.names)
         cos, sin = inner.rotary_emb(h, pos)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         groups = self.n_heads // self.n_kv
         layers, head = plan
         for layer, (qkv, o_proj, gate_up, down), (k_cache, v_cache) in zip(
                 inner.layers, layers, caches):
-            y = qkv(layer.input_layernorm(h))  # [b, s, (heads + 2 kv heads) x head_dim]
+            y = qkv(layer.input_layernorm(h), adapters)  # [b, s, (heads + 2 kv heads) x head_dim]
             qk_width = (self.n_heads + self.n_kv) * self.head_dim
             qk = y[..., :qk_width].view(b, s, -1, self.head_dim).transpose(1, 2)
             qk = qk * cos + _rotate_half(qk) * sin  # rotary embedding of q and k at once
@@ -232,23 +249,44 @@ class StaticDecoder:
             o = F.scaled_dot_product_attention(
                 q, k_cache[:, :, :start + s], v_cache[:, :, :start + s], attn_mask=attend,
                 scale=layer.self_attn.scaling, enable_gqa=groups > 1)
-            h = h + o_proj(o.transpose(1, 2).reshape(b, s, -1))
-            gate, up = gate_up(layer.post_attention_layernorm(h)).chunk(2, dim=-1)
-            h = h + down(layer.mlp.act_fn(gate) * up)
-        return head(inner.norm(h[:, -1]))
+            h = h + o_proj(o.transpose(1, 2).reshape(b, s, -1), adapters)
+            gate, up = gate_up(layer.post_attention_layernorm(h), adapters).chunk(2, dim=-1)
+            h = h + down(layer.mlp.act_fn(gate) * up, adapters)
+        return head(inner.norm(h[:, -1]), adapters)
 
-    def _plan(self, dtype: torch.dtype) -> Plan:
+    def _plan(self, dtype: torch.dtype, order: dict[str, int] | None = None) -> Plan:
         """Per layer the q/k/v, o, gate/up and down projections as this call computes them, and
-        the LM head."""
+        the LM head (``order``: the adapters of a mixed batch, see :class:`Projection`)."""
         base = base_model(self.model)
+        names = list(order or ())
         layers = []
         for layer in base.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            layers.append((Projection([attn.q_proj, attn.k_proj, attn.v_proj], dtype),
-                           Projection([attn.o_proj], dtype),
-                           Projection([mlp.gate_proj, mlp.up_proj], dtype),
-                           Projection([mlp.down_proj], dtype)))
-        return layers, Projection([base.lm_head], dtype)
+            layers.append((Projection([attn.q_proj, attn.k_proj, attn.v_proj], dtype, names),
+                           Projection([attn.o_proj], dtype, names),
+                           Projection([mlp.gate_proj, mlp.up_proj], dtype, names),
+                           Projection([mlp.down_proj], dtype, names)))
+        return layers, Projection([base.lm_head], dtype, names)
+
+
+class MixedRows:
+    """The rows of a mixed-adapter batch (``adapters[i]``: row i's LoRA adapter, ``order``:
+    adapter -> index k) laid out for batched LoRA matmuls: adapter k's rows at ``k * width``
+    onward of a [adapters x width] grid, ``gather`` the batch row of each grid slot (padding
+    slots repeat row 0 and are never read back), ``place`` the grid slot of each batch row."""
+
+    def __init__(self, adapters: list[str], order: dict[str, int], device: torch.device) -> None:
+        self.names = adapters
+        slots: list[list[int]] = [[] for _ in order]
+        for i, name in enumerate(adapters):
+            slots[order[name]].append(i)
+        self.k, self.width = len(order), max(1, max(len(rows) for rows in slots))
+        gather, place = [0] * (self.k * self.width), [0] * len(adapters)
+        for k, rows in enumerate(slots):
+            for j, i in enumerate(rows):
+                gather[k * self.width + j], place[i] = i, k * self.width + j
+        self.gather = torch.tensor(gather, device=device)
+        self.place = torch.tensor(place, device=device)
 
 
 class Projection:
@@ -257,9 +295,16 @@ class Projection:
 
     The weights are read (and, under autocast, cast to its dtype) once, when the projection is
     built at the start of a generate call, instead of at every step: autocast casts an fp32
-    weight again on every call of the module. The math is autocast's: bf16 inputs and weights."""
+    weight again on every call of the module. The math is autocast's: bf16 inputs and weights.
 
-    def __init__(self, modules: list[nn.Module], dtype: torch.dtype) -> None:
+    A mixed batch (``adapters``: the call's LoRA adapters in order) computes a plain LoRA linear
+    as its base layer over all rows plus, per adapter, ``x A^T (B^T scaling)`` of its rows: A and
+    B of every adapter stacked once per call (ranks zero-padded to the largest), two batched
+    matmuls over the rows laid out by :class:`MixedRows` instead of a loop over adapters. Other
+    peft layers (DoRA, dropout while training, merged) run peft's own mixed batch."""
+
+    def __init__(self, modules: list[nn.Module], dtype: torch.dtype,
+                 adapters: list[str] | None = None) -> None:
         self.modules = modules
         self.weight: torch.Tensor | None = None
         if all(type(m) is nn.Linear for m in modules) and len(
@@ -267,13 +312,55 @@ class Projection:
             self.weight = torch.cat([m.weight for m in modules]).to(dtype)
             self.bias = (None if modules[0].bias is None
                          else torch.cat([m.bias for m in modules]).to(dtype))
+        self.lora = [_stacked_lora(m, adapters, dtype) if adapters else None for m in modules]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, adapters: MixedRows | None = None) -> torch.Tensor:
         if self.weight is not None:
             return F.linear(x, self.weight, self.bias)
-        if len(self.modules) == 1:
-            return self.modules[0](x)
-        return torch.cat([m(x) for m in self.modules], dim=-1)
+        outs = []
+        for m, lora in zip(self.modules, self.lora):
+            if adapters is None or lora is None:
+                outs.append(_call(m, x, None if adapters is None else adapters.names))
+                continue
+            rows = x if x.dim() == 3 else x[:, None]  # [b, s, in]
+            s = rows.shape[1]
+            grid = rows[adapters.gather].reshape(adapters.k, adapters.width * s, -1)
+            delta = torch.bmm(torch.bmm(grid.to(lora[0].dtype), lora[0]), lora[1])
+            delta = delta.view(adapters.k * adapters.width, s, -1)[adapters.place]
+            y = m.base_layer(x)
+            outs.append(y + delta.view(y.shape).to(y.dtype))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+
+def _stacked_lora(module: nn.Module, adapters: list[str], dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """[k, in, r] and [k, r, out] (scaling folded in) of ``adapters`` on a plain peft LoRA
+    linear, zeros for an adapter it lacks; None for anything else (peft's mixed batch runs it)."""
+    if not (hasattr(module, "lora_A") and isinstance(getattr(module, "base_layer", None), nn.Linear)
+            ) or module.merged or module.disable_adapters or any(
+            name in getattr(module, "lora_variant", {}) or (
+                module.training and not isinstance(module.lora_dropout[name], nn.Identity))
+            for name in adapters if name in module.lora_A):
+        return None
+    present = [name for name in adapters if name in module.lora_A]
+    rank = max((module.lora_A[name].weight.shape[0] for name in present), default=1)
+    base = module.base_layer
+    a = torch.zeros(len(adapters), base.in_features, rank, dtype=dtype, device=base.weight.device)
+    b = torch.zeros(len(adapters), rank, base.out_features, dtype=dtype,
+                    device=base.weight.device)
+    for k, name in enumerate(adapters):
+        if name in module.lora_A:
+            r = module.lora_A[name].weight.shape[0]
+            a[k, :, :r] = module.lora_A[name].weight.T
+            b[k, :r] = module.lora_B[name].weight.T * module.scaling[name]
+    return a, b
+
+
+def _call(module: nn.Module, x: torch.Tensor, adapters: list[str] | None) -> torch.Tensor:
+    """``module(x)``; a peft LoRA layer given per-row ``adapters`` runs them as a mixed batch."""
+    if adapters is not None and hasattr(module, "lora_A"):
+        return module(x, adapter_names=adapters)
+    return module(x)
 
 
 Plan = tuple[list[tuple[Projection, Projection, Projection, Projection]], Projection]
