@@ -38,7 +38,7 @@ from agentrt.worker import PolicyWorker, gather_prepared, split_rows
 log = logging.getLogger(__name__)
 
 
-READ_ONLY = ("generate", "fill_reference", "preference_eval")
+READ_ONLY = ("generate", "generate_many", "fill_reference", "preference_eval")
 _GLOBAL_RNG = threading.Lock()  # local pools take turns with torch's global generator
 
 
@@ -121,6 +121,15 @@ class BasePool:
                  adapter: str | None = None) -> list[Completion]:
         """One completion per prompt; prompts are split across workers, order preserved."""
         return self._run("generate", prompts, sampling, self._name(adapter))
+
+    def generate_many(self, requests: list[tuple[list[list[int]], SamplingConfig | None,
+                                                  str | None]]) -> list[list[Completion]]:
+        """:meth:`generate` of each ``(prompts, sampling, adapter)``, in one call per worker: LoRA
+        policies and snapshots sharing the base decode as one mixed batch
+        (:meth:`~agentrt.weights.SharedModel.generate_many`)."""
+        return self._run("generate_many",
+                         [(prompts, sampling, self._name(adapter))
+                          for prompts, sampling, adapter in requests])
 
     def train(self, trajectories: list[Trajectory], adapter: str | None = None
               ) -> dict[str, float]:
@@ -214,6 +223,17 @@ class BasePool:
                  if rows.stop > rows.start]
         outs = self._call_each("generate", [(prompts[r], sampling, name) for r in parts])
         return [c for out in outs for c in out]
+
+    def _generate_many(self, requests: list[tuple[list[list[int]], SamplingConfig | None, str]]
+                       ) -> list[list[Completion]]:
+        # each request split over the workers as _generate splits it; worker i gets its part of
+        # every request
+        parts = [split_rows(len(prompts), self.num_workers) for prompts, _, _ in requests]
+        outs = self._call_each("generate_many", [
+            ([(prompts[rows[i]], sampling, name)
+              for (prompts, sampling, name), rows in zip(requests, parts)],)
+            for i in range(self.num_workers)])
+        return [[c for out in outs for c in out[j]] for j in range(len(requests))]
 
     def _train(self, trajectories: list[Trajectory], name: str) -> dict[str, float]:
         algo = self.policies[name].algorithm

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import tempfile
 import time
 from pathlib import Path
@@ -240,6 +241,24 @@ class SharedModel:
             return self.vllm.generate(prompts, sampling, adapters=name if self.is_lora else None)
         with self.using(name):
             return self.hf.generate(prompts, sampling)
+
+    def generate_many(self, requests: list[tuple[list[list[int]], SamplingConfig, str]]
+                      ) -> list[list[Completion]]:
+        """:meth:`generate` of each ``(prompts, sampling, name)``. LoRA policies and snapshots
+        on the HF rollout with one sampling config run as one mixed batch: every row with its
+        own adapter (``HFRollout.generate(adapters=)``), the base model computed once for all,
+        no adapter switched between them. Anything else is one call per request."""
+        sampling = requests[0][1] if requests else None
+        names = {name for _, _, name in requests}
+        if len(requests) < 2 or not self.is_lora or self.vllm is not None or any(
+                s != sampling for _, s, _ in requests) or not names <= {
+                *self.adapters, *self.frozen_adapters}:
+            return [self.generate(p, s, n) for p, s, n in requests]
+        prompts = [p for ps, _, _ in requests for p in ps]
+        out = self.hf.generate(prompts, sampling,
+                               adapters=[name for ps, _, name in requests for _ in ps])
+        ends = list(itertools.accumulate(len(ps) for ps, _, _ in requests))
+        return [out[end - len(ps):end] for end, (ps, _, _) in zip(ends, requests)]
 
     def close(self) -> None:
         if self.vllm is not None:

@@ -196,6 +196,21 @@ class PolicyWorker:
                                         adapter)
         return self._engine(adapter).generate(prompts, sampling)
 
+    def generate_many(self, requests: list[tuple[list[list[int]], SamplingConfig | None, str]]
+                      ) -> list[list[Completion]]:
+        """:meth:`generate` of each ``(prompts, sampling, adapter)``, as one batch where the
+        model serves them together (:meth:`SharedModel.generate_many`)."""
+        resolved = []
+        for prompts, sampling, adapter in requests:
+            if adapter in self.snapshots:
+                source = self.engines[adapter.split("@")[0]]
+                resolved.append((prompts, sampling or source.cfg.rollout.sampling, adapter))
+            else:
+                engine = self._engine(adapter)
+                resolved.append((prompts, sampling or engine.cfg.rollout.sampling,
+                                 engine.policy_id))
+        return self.shared.generate_many(resolved)
+
     def module_copy(self, name: str) -> ModuleCopy:
         """A second module with policy ``name``'s weights (an async rollout generates on it)."""
         return ModuleCopy(self.shared, self._engine(name).policy_id)

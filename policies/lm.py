@@ -140,29 +140,66 @@ class LMPolicy:
             out.append(head + list(ctx or []) + ids)
         return out
 
+    @property
+    def joint_key(self) -> Any:
+        """Policies with the same key (not None) may act in one call (:meth:`act_joint`): LM
+        policies whose engines are handles on one pool."""
+        pool = getattr(self.engine, "pool", None)
+        return None if not hasattr(pool, "generate_many") else ("pool", id(pool))
+
     def act(self, requests: list[ActRequest]) -> list[Action]:
         """One ``engine.generate`` call for all requests that fit the context."""
+        tick = self._prompts(requests)
+        return self._actions(requests, tick, self._generate(tick.prompts, tick.budgets))
+
+    @staticmethod
+    def act_joint(items: list[tuple[LMPolicy, list[ActRequest]]]) -> list[list[Action]]:
+        """:meth:`act` of several policies with one ``joint_key``: their prompts go to the pool
+        in one ``generate_many`` call, which decodes LoRA policies and snapshots on one base as
+        one batch. Token budgets set by the env fall back to one call per policy."""
+        ticks = [policy._prompts(requests) for policy, requests in items]
+        if any(b is not None and int(b) < policy.max_new_tokens
+               for (policy, _), tick in zip(items, ticks) for b in tick.budgets):
+            outs = [policy._generate(tick.prompts, tick.budgets)
+                    for (policy, _), tick in zip(items, ticks)]
+        else:
+            asked = [i for i, tick in enumerate(ticks) if tick.prompts]
+            got = items[0][0].engine.pool.generate_many([
+                (ticks[i].prompts, items[i][0].sampling, items[i][0].engine.policy_id)
+                for i in asked])
+            outs = [[] for _ in ticks]
+            for i, out in zip(asked, got):
+                outs[i] = out
+        return [policy._actions(requests, tick, out)
+                for (policy, requests), tick, out in zip(items, ticks, outs)]
+
+    def _prompts(self, requests: list[ActRequest]) -> _Tick:
+        """The prompts of the requests that fit the context (the others end as truncated)."""
         contexts = self.memory(requests) if self.memory else [([], [])] * len(requests)
-        actions: list[Action | None] = [None] * len(requests)
-        prompts: list[list[int]] = []
-        index: list[int] = []
+        tick = _Tick(contexts, [None] * len(requests), [], [], [])
         limit = self.max_context - self.max_new_tokens
         all_ids = self.prompts_ids(requests, [ctx_ids for ctx_ids, _ in contexts])
         for i, ids in enumerate(all_ids):
             if len(ids) > limit:
-                actions[i] = Action("", truncate=True)
+                tick.actions[i] = Action("", truncate=True)
                 continue
-            prompts.append(ids)
-            index.append(i)
-        completions = self._generate(prompts, [requests[i].max_new_tokens for i in index])
+            tick.prompts.append(ids)
+            tick.index.append(i)
+            tick.budgets.append(requests[i].max_new_tokens)
+        return tick
+
+    def _actions(self, requests: list[ActRequest], tick: _Tick, completions: list[Any]
+                 ) -> list[Action]:
+        """The actions (and their turns) of the completions of ``tick``'s prompts."""
         version = self.version
-        for i, ids, comp in zip(index, prompts, completions):
+        actions = tick.actions
+        for i, ids, comp in zip(tick.index, tick.prompts, completions):
             req = requests[i]
             text = self.tokenizer.decode(comp.response_ids, skip_special_tokens=True)
             turn = Turn(prompt_ids=ids, response_ids=list(comp.response_ids),
                         logprobs=list(comp.logprobs), role=req.agent, policy_id=self.policy_id,
                         policy_version=version, finished=bool(comp.finished),
-                        memory_ids=list(contexts[i][1]), info={"action": text})
+                        memory_ids=list(tick.contexts[i][1]), info={"action": text})
             actions[i] = Action(text, turn)
         return actions  # type: ignore[return-value]
 
@@ -183,6 +220,18 @@ class LMPolicy:
             for i, comp in zip(idx, self.engine.generate([prompts[i] for i in idx], capped)):
                 out[i] = comp
         return out
+
+
+@dataclass
+class _Tick:
+    """One call's prompts: per request its memory context and its action when it has one
+    already (truncated); per prompt that runs, its request's index and token budget."""
+
+    contexts: list[tuple[list[int], list[str]]]
+    actions: list[Action | None]
+    prompts: list[list[int]]
+    index: list[int]
+    budgets: list[int | None]
 
 
 def bank_memory(bank: Any, tokenizer: Any, policy_id: str, k: int = 4, token_budget: int = 128,

@@ -1,0 +1,130 @@
+"""LM policies on one pool act in one call: a tick's LoRA policies and snapshots decode as one
+mixed batch (each row with its own adapter) and give what each gives on its own; an error stays
+with the policy that raised it."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from agentrt.config import ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.controller import PolicyHandle
+from agentrt.policies import LMPolicy, PromptTemplate
+from agentrt.pool import LocalPool
+from agentrt.runner import EpisodeRunner, RunnerConfig, specs
+
+GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=3)
+SHORT = PromptTemplate(first="{observation}\n> ", turn="\n{observation}\n> ")
+
+
+def _perturb(pool: LocalPool, adapter: str, seed: int) -> None:
+    """Random LoRA B matrices for ``adapter`` (peft starts them at zero: every adapter would
+    give the base model's output)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in pool.worker.shared.model.named_parameters():
+            if "lora_B" in name and f".{adapter}." in name:
+                p.normal_(0, 0.5)
+
+
+@pytest.fixture(scope="module")
+def pool(tiny_model_dir):
+    cfgs = [PolicyConfig(id=pid, model=ModelConfig(path=str(tiny_model_dir)),
+                         lora={"enabled": True}, rollout={"sampling": GREEDY})
+            for pid in ("p", "q")]
+    pool = LocalPool(cfgs, seed=0)
+    _perturb(pool, "p", 1)
+    _perturb(pool, "q", 2)
+    pool.snapshot("p", "0")
+    _perturb(pool, "p", 3)  # p has moved on from its snapshot p@0
+    return pool
+
+
+class _Counted:
+    """Counts the calls of the pool's HF rollout (the real one runs them)."""
+
+    def __init__(self, pool: LocalPool) -> None:
+        self.hf, self.calls = pool.worker.shared.hf, 0
+        self._generate = self.hf.generate
+
+    def __enter__(self) -> _Counted:
+        def generate(*args, **kwargs):
+            self.calls += 1
+            return self._generate(*args, **kwargs)
+
+        self.hf.generate = generate
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.hf.generate
+
+
+def test_generate_many_is_one_mixed_batch_equal_to_each_adapter_alone(pool):
+    tok = pool.tokenizer
+    prompts = [[tok.bos_token_id] + tok.encode(f"{a}+{b}=") for a in range(3) for b in range(3)]
+    requests = [(prompts[:4], None, "p"), (prompts[2:7], GREEDY, "q"), (prompts, None, "p@0")]
+    alone = [pool.generate(ps, s, adapter=n) for ps, s, n in requests]
+    with _Counted(pool) as counted:
+        mixed = pool.generate_many(requests)
+    assert counted.calls == 1
+    for a, b in zip(alone, mixed):
+        assert [c.response_ids for c in a] == [c.response_ids for c in b]
+        for x, y in zip(a, b):
+            torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs),
+                                       atol=1e-5, rtol=0)
+    # the adapters really differ: p and its snapshot answer the same prompts differently
+    assert [c.response_ids for c in mixed[0]] != [c.response_ids for c in mixed[2][:4]]
+    # different sampling configs cannot share a batch: one call per request
+    with _Counted(pool) as counted:
+        pool.generate_many([(prompts[:2], GREEDY, "p"),
+                            (prompts[:2], GREEDY.model_copy(update={"max_new_tokens": 2}), "q")])
+    assert counted.calls == 2
+
+
+class _Alone(LMPolicy):
+    joint_key = None  # acts on its own, as before policies on one pool acted together
+
+
+def _play(pool, cls, memory=None, errors: str = "raise"):
+    players = {key: cls(PolicyHandle(pool, key, pool.policies[key.split("@")[0]]),
+                        templates=SHORT, sampling=GREEDY,
+                        memory=memory if key == "q" else None)
+               for key in ("p", "q", "p@0")}
+    runner = EpisodeRunner(players, RunnerConfig(concurrency=8, policy_errors=errors))
+    episodes = (specs("Bargain-v0", ("p", "q"), 4, env_kwargs={"max_turns": 4})
+                + specs("Bargain-v0", ("p", "p@0"), 4, seed=10, env_kwargs={"max_turns": 4}))
+    return runner.run(episodes)
+
+
+def test_a_tick_of_policies_on_one_pool_plays_what_they_play_alone(pool):
+    with _Counted(pool) as counted:
+        together = _play(pool, LMPolicy)
+    alone = _play(pool, _Alone)
+    assert [(t.policy_id, [turn.response_ids for turn in t.turns])
+            for t in together.trajectories] == [
+        (t.policy_id, [turn.response_ids for turn in t.turns]) for t in alone.trajectories]
+    assert [r.returns for r in together.episodes] == [r.returns for r in alone.episodes]
+    # every tick is one mixed batch; acting alone is one call per policy and tick
+    ticks = max(sum(len(t.turns) for t in together.trajectories if t.episode_id == r.episode_id)
+                for r in together.episodes)
+    assert counted.calls == ticks
+    assert together.metrics["rollout/calls/p"] == alone.metrics["rollout/calls/p"]
+
+
+def test_an_error_in_one_policy_of_a_joint_call_stays_with_it(pool, caplog):
+    def broken(requests):
+        raise RuntimeError("memory bank unreachable")
+
+    with caplog.at_level(logging.WARNING, logger="agentrt.runner.core"):
+        result = _play(pool, LMPolicy, memory=broken, errors="record")
+    assert "failed acting together (RuntimeError: memory bank unreachable)" in caplog.text
+    by_players = {tuple(sorted(r.seats.values())): r for r in result.episodes}
+    assert by_players[("p", "q")].ended_by == "policy_error"
+    # p against its snapshot plays on: q's error did not take p's actions with it
+    pq0 = [r for r in result.episodes if "q" not in r.seats.values()]
+    assert len(pq0) == 4 and all(r.ended_by != "policy_error" for r in pq0)
+    assert all(len(t.turns) > 0 for t in result.trajectories if t.policy_id == "p")
+    with pytest.raises(RuntimeError, match="memory bank unreachable"):
+        _play(pool, LMPolicy, memory=broken, errors="raise")
