@@ -18,7 +18,8 @@ bench in full again, for more speed ratios. Threads are the config's (unset: tun
 (rollout, train, the rest: evaluation, checkpoints, snapshots) and the new/old ratios.
 
 Run: ``.venv/bin/python bench/speedup.py [--old COMMIT] [--reps 3] [--league-steps 40]``
-(``--new-set P.packing=false`` adds a third arm: this checkout with an override.)
+(``--new-set P.packing=false`` adds a third arm: this checkout with an override; ``--set`` applies
+one to every arm.)
 """
 
 from __future__ import annotations
@@ -93,11 +94,15 @@ def main() -> None:
                     help="Short league runs in every repetition (speed only).")
     ap.add_argument("--threads", type=int, default=None, help="Pin torch threads (both arms).")
     ap.add_argument("--only", choices=("league", "arith"), default=None)
+    ap.add_argument("--set", action="append", default=[], dest="both_set",
+                    help="An override for every arm ('P.' as for --new-set), e.g. "
+                         "P.lora.enabled=true for a LoRA league.")
     ap.add_argument("--new-set", action="append", default=[],
                     help="Adds an arm 'new+': this checkout with this override; 'P.' stands for "
                          "the trained policy (policies.0. in the league, policy. in arith).")
     args = ap.parse_args()
     pin = [f"threads={args.threads}"] if args.threads else []
+    pin += args.both_set
     kinds = [args.only] if args.only else ["league", "arith"]
     print(f"cpus {os.cpu_count()}, load average at start {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="speedup-") as tmp:
@@ -114,6 +119,7 @@ def main() -> None:
                 prefix = "policies.0." if kind == "league" else "policy."
                 added = [o.replace("P.", prefix, 1) if o.startswith("P.") else o
                          for o in args.new_set]
+                extra = [o.replace("P.", prefix, 1) if o.startswith("P.") else o for o in extra]
                 order = names[r % len(names):] + names[:r % len(names)]
                 for name in order:
                     out = arm(codes.get(name, "-"), kind, Path(tmp) / f"{kind}-{name}-{r}",
