@@ -29,12 +29,14 @@ def _perturb(pool: LocalPool, adapter: str, seed: int) -> None:
                 p.normal_(0, 0.5)
 
 
+def _cfgs(model_dir) -> list[PolicyConfig]:
+    return [PolicyConfig(id=pid, model=ModelConfig(path=str(model_dir)), lora={"enabled": True},
+                         rollout={"sampling": GREEDY}) for pid in ("p", "q")]
+
+
 @pytest.fixture(scope="module")
 def pool(tiny_model_dir):
-    cfgs = [PolicyConfig(id=pid, model=ModelConfig(path=str(tiny_model_dir)),
-                         lora={"enabled": True}, rollout={"sampling": GREEDY})
-            for pid in ("p", "q")]
-    pool = LocalPool(cfgs, seed=0)
+    pool = LocalPool(_cfgs(tiny_model_dir), seed=0)
     _perturb(pool, "p", 1)
     _perturb(pool, "q", 2)
     pool.snapshot("p", "0")
@@ -81,6 +83,23 @@ def test_generate_many_is_one_mixed_batch_equal_to_each_adapter_alone(pool):
         pool.generate_many([(prompts[:2], GREEDY, "p"),
                             (prompts[:2], GREEDY.model_copy(update={"max_new_tokens": 2}), "q")])
     assert counted.calls == 2
+
+
+def test_a_ray_pool_decodes_the_joint_batch_as_the_local_pool_does(ray_session, pool,
+                                                                   tiny_model_dir):
+    from agentrt.ray_pool import PolicyPool
+
+    remote = PolicyPool(_cfgs(tiny_model_dir), seed=0)
+    try:
+        remote.load_state_dict(pool.state_dict())  # the adapters and the snapshot p@0
+        tok = pool.tokenizer
+        prompts = [[tok.bos_token_id] + tok.encode(f"{a}*{a}=") for a in range(6)]
+        requests = [(prompts, None, "q"), (prompts[:3], None, "p@0"), (prompts[2:], None, "p")]
+        local, there = pool.generate_many(requests), remote.generate_many(requests)
+        assert [[c.response_ids for c in out] for out in there] == [
+            [c.response_ids for c in out] for out in local]
+    finally:
+        remote.shutdown()
 
 
 class _Alone(LMPolicy):
