@@ -33,6 +33,7 @@ from torch import nn
 from agentrt.config import PolicyConfig, SamplingConfig
 from agentrt.policies.models import build_model, load_model
 from agentrt.rollout.hf import Completion, HFRollout
+from agentrt.rollout.static import grouped_unsupported
 
 
 def resolve_device(name: str) -> torch.device:
@@ -244,19 +245,31 @@ class SharedModel:
 
     def generate_many(self, requests: list[tuple[list[list[int]], SamplingConfig, str]]
                       ) -> list[list[Completion]]:
-        """:meth:`generate` of each ``(prompts, sampling, name)``. LoRA policies and snapshots
-        on the HF rollout with one sampling config run as one mixed batch: every row with its
-        own adapter (``HFRollout.generate(adapters=)``), the base model computed once for all,
-        no adapter switched between them. Anything else is one call per request."""
+        """:meth:`generate` of each ``(prompts, sampling, name)``. With one sampling config on
+        the HF rollout they run as one batch, every row as its own policy or snapshot
+        (``HFRollout.generate(adapters=)``):
+
+        - LoRA: a mixed-adapter batch, the base model computed once for all rows and no
+          adapter switched between them;
+        - full weights (the static decoder, :func:`grouped_unsupported`): the policy and its
+          frozen snapshots' weights, each run of rows through its own.
+
+        Anything else is one call per request."""
         sampling = requests[0][1] if requests else None
         names = {name for _, _, name in requests}
-        if len(requests) < 2 or not self.is_lora or self.vllm is not None or any(
-                s != sampling for _, s, _ in requests) or not names <= {
-                *self.adapters, *self.frozen_adapters}:
+        if self.is_lora:
+            joint = self.vllm is None and names <= {*self.adapters, *self.frozen_adapters}
+        else:
+            joint = (self.hf.decoder is not None
+                     and names <= {*self.frozen, *(self.adapters if self.vllm is None else ())}
+                     and grouped_unsupported(self.model) is None)
+        if len(requests) < 2 or not joint or any(s != sampling for _, s, _ in requests):
             return [self.generate(p, s, n) for p, s, n in requests]
         prompts = [p for ps, _, _ in requests for p in ps]
         out = self.hf.generate(prompts, sampling,
-                               adapters=[name for ps, _, name in requests for _ in ps])
+                               adapters=[name for ps, _, name in requests for _ in ps],
+                               frozen=None if self.is_lora else
+                               {n: self.frozen[n] for n in names if n in self.frozen})
         ends = list(itertools.accumulate(len(ps) for ps, _, _ in requests))
         return [out[end - len(ps):end] for end, (ps, _, _) in zip(ends, requests)]
 

@@ -265,6 +265,50 @@ def test_mixed_adapter_batch_under_bf16_and_with_peft_layers_it_does_not_stack(t
           rollout.generate(prompts, GREEDY, adapters=names), atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype,atol", [(None, 1e-5), (torch.bfloat16, 0.05)])
+def test_a_full_weight_batch_equals_each_snapshot_swapped_in(tiny_model_dir, dtype, atol):
+    """Rows of the live model and of two full-weight snapshots (one of every tensor, one of the
+    projections only: the rest is the module's) in one batch, interleaved runs and shared
+    prompts, give what each gives swapped in on its own; rows leave the batch mid-way too."""
+    model, tokenizer = load_model(tiny_model_dir)
+    model.eval()
+    torch.manual_seed(4)
+    noisy: dict[int, torch.Tensor] = {}  # tied weights (embedding, head): one tensor, one noise
+    frozen = {"all": {k: noisy.setdefault(v.data_ptr(), v + 0.05 * torch.randn_like(v))
+                      for k, v in model.state_dict().items()},
+              "proj": {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()
+                       if k.endswith("proj.weight")}}
+    prompts = _prompts(12, seed=7)
+    names = ["live", "all", "all", "proj", "live", "proj", "all", "live", "live", "proj", "all",
+             "proj"]
+    rollout = HFRollout(model, tokenizer, GREEDY, decode="static", autocast_dtype=dtype)
+
+    def alone():
+        out = []
+        for prompt, name in zip(prompts, names):
+            with swapped_weights(model, frozen.get(name, {})):
+                out += rollout.generate([prompt], GREEDY)
+        return out
+
+    one = alone()
+    batch = rollout.generate(prompts, GREEDY, adapters=names, frozen=frozen)
+    if dtype is None:
+        _same(one, batch, atol=atol)
+    else:  # bf16: the first token's log-prob within bf16's tolerance
+        torch.testing.assert_close(torch.tensor([c.logprobs[0] for c in one]),
+                                   torch.tensor([c.logprobs[0] for c in batch]), atol=atol,
+                                   rtol=0)
+    assert len({tuple(c.response_ids) for c, n in zip(one, names) if n == "live"} &
+               {tuple(c.response_ids) for c, n in zip(one, names) if n == "all"}) < 3
+    if dtype is None:
+        rollout.eos_id = rollout.decoder.eos_id = batch[1].response_ids[3]
+        _same(alone(), rollout.generate(prompts, GREEDY, adapters=names, frozen=frozen),
+              atol=atol)
+    with pytest.raises(ValueError, match="static decoder"):
+        HFRollout(model, tokenizer, GREEDY, decode="hf").generate(prompts, GREEDY,
+                                                                  adapters=names, frozen=frozen)
+
+
 class _Recorder:
     def __init__(self) -> None:
         self.puts: list[list] = []

@@ -78,14 +78,19 @@ class HFRollout:
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None,
-                 streamer: Any = None, adapters: list[str] | None = None) -> list[Completion]:
+                 streamer: Any = None, adapters: list[str] | None = None,
+                 frozen: dict[str, dict[str, torch.Tensor]] | None = None) -> list[Completion]:
         """One response per prompt (token-id lists, non-empty); temperature 0 is greedy.
 
         ``streamer`` (transformers' streamer protocol: ``put`` gets the prompt ids, then each
         step's new ids, one per row) sees the tokens as they are generated; with a streamer the
         prompts must fit one batch (``batch_size``). ``adapters`` (a peft model): each prompt's
-        LoRA adapter, all of them in one batch (peft's mixed-batch ``adapter_names``).
+        LoRA adapter, all of them in one batch (peft's mixed-batch ``adapter_names``); with
+        ``frozen`` (the static decoder only), each prompt's full weights instead: a name in
+        ``frozen`` is that snapshot's, any other the module's own.
         """
+        if frozen is not None and self.decoder is None:
+            raise ValueError("a batch of full-weight snapshots needs the static decoder")
         s = sampling or self.sampling
         if streamer is not None and len(prompts) > self.batch_size:
             raise ValueError(f"a streamer follows one batch; {len(prompts)} prompts exceed "
@@ -94,11 +99,13 @@ class HFRollout:
         for start in range(0, len(prompts), self.batch_size):
             out += self._generate_batch(
                 prompts[start:start + self.batch_size], s, streamer,
-                None if adapters is None else adapters[start:start + self.batch_size])
+                None if adapters is None else adapters[start:start + self.batch_size], frozen)
         return out
 
     def _generate_batch(self, prompts: list[list[int]], s: SamplingConfig, streamer: Any = None,
-                        adapters: list[str] | None = None) -> list[Completion]:
+                        adapters: list[str] | None = None,
+                        frozen: dict[str, dict[str, torch.Tensor]] | None = None
+                        ) -> list[Completion]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token (e.g. bos)")
         width = max(len(p) for p in prompts)
@@ -108,7 +115,7 @@ class HFRollout:
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         if self.decoder is not None:
-            new, logps = self.decoder.generate(ids, mask, s, streamer, adapters)
+            new, logps = self.decoder.generate(ids, mask, s, streamer, adapters, frozen)
             return [self._trim(new[i].tolist(), logps[i].tolist()) for i in range(len(prompts))]
         greedy = s.temperature == 0.0
         gen_kwargs: dict[str, Any] = dict(

@@ -12,6 +12,11 @@ peft LoRA layers, peft's ``disable_adapter`` and weights swapped in by pointer (
 all apply as in ``generate``; only attention and the cache are its own. Models it does not know
 (:func:`unsupported_reason`) fall back to ``generate``.
 
+One call may also decode rows of several policies at once (``adapters=``, a league tick's learner
+and snapshots): LoRA adapters as one mixed batch over the shared base (:class:`Projection`), or
+full-weight snapshots, each run of rows through its own weights (``frozen=``,
+:meth:`StaticDecoder._grouped_plan`).
+
 Semantics are ``generate``'s: left padding, position ids counted over the attention mask, greedy
 at temperature 0, else temperature, top-k and top-p applied like transformers' warpers, rows that
 emitted eos emit pad afterwards, streamer ``put`` gets the prompt ids, then one id per row per
@@ -20,6 +25,7 @@ step, then ``end`` is called.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -116,7 +122,8 @@ class StaticDecoder:
 
     @torch.inference_mode()
     def generate(self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingConfig,
-                 streamer: Any = None, adapters: list[str] | None = None
+                 streamer: Any = None, adapters: list[str] | None = None,
+                 frozen: dict[str, dict[str, torch.Tensor]] | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """Generates from a left-padded batch.
 
@@ -128,6 +135,9 @@ class StaticDecoder:
             adapters: Per row, the peft LoRA adapter it runs as (a mixed batch: peft's
                 ``adapter_names``, each LoRA layer computes each adapter's rows with its own
                 weights, the base weights once for all); None: the active adapter for all.
+            frozen: With ``adapters``, a full-weight batch instead: rows named here run with
+                these weights (a snapshot's state dict; tensors it lacks are the module's),
+                the other rows with the module's own (see :func:`grouped_unsupported`).
 
         Returns:
             (tokens [B, T], log-probs [B, T] float32): T <= max_new_tokens; after a row's eos its
@@ -146,7 +156,8 @@ class StaticDecoder:
                                   enabled=self.autocast_dtype is not None)
         kv_dtype = self.autocast_dtype or inner.embed_tokens.weight.dtype
         order = None if adapters is None else {a: k for k, a in enumerate(dict.fromkeys(adapters))}
-        plan = self._plan(kv_dtype, order)
+        plan = (self._plan(kv_dtype, order) if frozen is None else
+                self._grouped_plan(kv_dtype, list(order or ()), frozen, device))
         caches = [tuple(torch.empty(batch, self.n_kv, width + steps, self.head_dim,
                                     dtype=kv_dtype, device=device) for _ in "kv")
                   for _ in inner.layers]
@@ -231,14 +242,13 @@ class StaticDecoder:
         ``adapters``: each row's LoRA adapter (see :meth:`generate`)."""
         inner = base_model(self.model).model
         b, s = tokens.shape
-        h = _call(inner.embed_tokens, tokens, None if adapters is None else adapters.names)
+        h = plan.embed(tokens, adapters)
         cos, sin = inner.rotary_emb(h, pos)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         groups = self.n_heads // self.n_kv
-        layers, head = plan
-        for layer, (qkv, o_proj, gate_up, down), (k_cache, v_cache) in zip(
-                inner.layers, layers, caches):
-            y = qkv(layer.input_layernorm(h), adapters)  # [b, s, (heads + 2 kv heads) x head_dim]
+        for layer, (in_norm, qkv, o_proj, post_norm, gate_up, down), (k_cache, v_cache) in zip(
+                inner.layers, plan.layers, caches):
+            y = qkv(in_norm(h, adapters), adapters)  # [b, s, (heads + 2 kv heads) x head_dim]
             qk_width = (self.n_heads + self.n_kv) * self.head_dim
             qk = y[..., :qk_width].view(b, s, -1, self.head_dim).transpose(1, 2)
             qk = qk * cos + _rotate_half(qk) * sin  # rotary embedding of q and k at once
@@ -250,9 +260,9 @@ class StaticDecoder:
                 q, k_cache[:, :, :start + s], v_cache[:, :, :start + s], attn_mask=attend,
                 scale=layer.self_attn.scaling, enable_gqa=groups > 1)
             h = h + o_proj(o.transpose(1, 2).reshape(b, s, -1), adapters)
-            gate, up = gate_up(layer.post_attention_layernorm(h), adapters).chunk(2, dim=-1)
+            gate, up = gate_up(post_norm(h, adapters), adapters).chunk(2, dim=-1)
             h = h + down(layer.mlp.act_fn(gate) * up, adapters)
-        return head(inner.norm(h[:, -1]), adapters)
+        return plan.head(plan.norm(h[:, -1], adapters), adapters)
 
     def _plan(self, dtype: torch.dtype, order: dict[str, int] | None = None) -> Plan:
         """Per layer the q/k/v, o, gate/up and down projections as this call computes them, and
@@ -262,11 +272,49 @@ class StaticDecoder:
         layers = []
         for layer in base.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            layers.append((Projection([attn.q_proj, attn.k_proj, attn.v_proj], dtype, names),
+            layers.append((_Module(layer.input_layernorm),
+                           Projection([attn.q_proj, attn.k_proj, attn.v_proj], dtype, names),
                            Projection([attn.o_proj], dtype, names),
+                           _Module(layer.post_attention_layernorm),
                            Projection([mlp.gate_proj, mlp.up_proj], dtype, names),
                            Projection([mlp.down_proj], dtype, names)))
-        return layers, Projection([base.lm_head], dtype, names)
+        return Plan(_Module(base.model.embed_tokens, lora=True), layers,
+                    _Module(base.model.norm), Projection([base.lm_head], dtype, names))
+
+    def _grouped_plan(self, dtype: torch.dtype, names: list[str],
+                      frozen: dict[str, dict[str, torch.Tensor]], device: torch.device) -> Plan:
+        """The plan of a full-weight batch: per group (``names[k]``) its own weights, the
+        snapshot's where ``frozen`` has them, else the module's; q/k/v and gate/up concatenated
+        and cast once per call, as :class:`Projection` does for one model."""
+        base = base_model(self.model)
+        live = dict(base.named_parameters())
+
+        def each(key: str) -> list[torch.Tensor]:
+            return [frozen[n][key].to(device) if key in frozen.get(n, {}) else live[key]
+                    for n in names]
+
+        def linear(*keys: str) -> GroupedLinear:
+            per_key = [each(f"{key}.weight") for key in keys]
+            return GroupedLinear([(ws[0] if len(ws) == 1 else torch.cat(ws)).to(dtype)
+                                  for ws in zip(*per_key)])
+
+        eps = base.model.norm.variance_epsilon
+        layers = []
+        for i in range(len(base.model.layers)):
+            at = f"model.layers.{i}."
+            layers.append((GroupedNorm(each(at + "input_layernorm.weight"), eps),
+                           linear(at + "self_attn.q_proj", at + "self_attn.k_proj",
+                                  at + "self_attn.v_proj"),
+                           linear(at + "self_attn.o_proj"),
+                           GroupedNorm(each(at + "post_attention_layernorm.weight"), eps),
+                           linear(at + "mlp.gate_proj", at + "mlp.up_proj"),
+                           linear(at + "mlp.down_proj")))
+        embed = each("model.embed_tokens.weight")
+        # tied weights are one parameter, named by the embedding alone
+        head = each("lm_head.weight") if "lm_head.weight" in live else embed
+        return Plan(GroupedEmbedding(embed), layers,
+                    GroupedNorm(each("model.norm.weight"), eps),
+                    GroupedLinear([w.to(dtype) for w in head]))
 
 
 class MixedRows:
@@ -287,6 +335,13 @@ class MixedRows:
                 gather[k * self.width + j], place[i] = i, k * self.width + j
         self.gather = torch.tensor(gather, device=device)
         self.place = torch.tensor(place, device=device)
+        self.group = torch.tensor([order[name] for name in adapters], device=device)
+        self.runs: list[tuple[int, int, int]] = []  # (group, start, stop) of consecutive rows
+        for i, name in enumerate(adapters):
+            if self.runs and self.runs[-1][0] == order[name]:
+                self.runs[-1] = (order[name], self.runs[-1][1], i + 1)
+            else:
+                self.runs.append((order[name], i, i + 1))
 
 
 class Projection:
@@ -363,4 +418,75 @@ def _call(module: nn.Module, x: torch.Tensor, adapters: list[str] | None) -> tor
     return module(x)
 
 
-Plan = tuple[list[tuple[Projection, Projection, Projection, Projection]], Projection]
+class _Module:
+    """A module of the model called as a plan step: ``(x, rows) -> module(x)``; ``lora``: a
+    peft layer given a mixed batch's row adapters runs them (the embedding)."""
+
+    def __init__(self, module: nn.Module, lora: bool = False) -> None:
+        self.module, self.lora = module, lora
+
+    def __call__(self, x: torch.Tensor, rows: MixedRows | None = None) -> torch.Tensor:
+        if self.lora and rows is not None:
+            return _call(self.module, x, rows.names)
+        return self.module(x)
+
+
+class GroupedLinear:
+    """A full-weight batch's linear: each run of one group's rows times that group's weight."""
+
+    def __init__(self, weights: list[torch.Tensor]) -> None:
+        self.weights = weights
+
+    def __call__(self, x: torch.Tensor, rows: MixedRows) -> torch.Tensor:
+        outs = [F.linear(x[a:b], self.weights[k]) for k, a, b in rows.runs]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+class GroupedEmbedding(GroupedLinear):
+    """A full-weight batch's token embedding: each run looked up in its group's table."""
+
+    def __call__(self, x: torch.Tensor, rows: MixedRows) -> torch.Tensor:
+        outs = [F.embedding(x[a:b], self.weights[k]) for k, a, b in rows.runs]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+class GroupedNorm:
+    """A full-weight batch's RMSNorm: transformers' LlamaRMSNorm (fp32 statistics, the weight
+    times the input-dtype result) with each row's group's weight."""
+
+    def __init__(self, weights: list[torch.Tensor], eps: float) -> None:
+        self.weight, self.eps = torch.stack(weights), eps
+
+    def __call__(self, x: torch.Tensor, rows: MixedRows) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        weight = self.weight[rows.group]
+        return (weight if x.dim() == 2 else weight[:, None]) * h.to(x.dtype)
+
+
+def grouped_unsupported(model: nn.Module) -> str | None:
+    """Why the static decoder cannot run a full-weight batch of ``model`` (``frozen=``): it
+    needs every projection a plain bias-free ``nn.Linear`` (None when it can)."""
+    reason = unsupported_reason(model)
+    if reason is not None:
+        return reason
+    if base_model(model) is not model:
+        return "a peft model batches its adapters instead (adapters= without frozen=)"
+    for layer in model.model.layers:
+        for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                  layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj,
+                  layer.mlp.down_proj):
+            if type(m) is not nn.Linear or m.bias is not None:
+                return "a projection is not a plain bias-free nn.Linear"
+    return None
+
+
+@dataclass
+class Plan:
+    """What one generate call computes with: the embedding, per layer (norm, q/k/v, o, norm,
+    gate/up, down), the final norm and the LM head, each called as ``step(x, rows)``."""
+
+    embed: Any
+    layers: list[tuple[Any, Any, Any, Any, Any, Any]]
+    norm: Any
+    head: Any
