@@ -21,23 +21,21 @@ turn limit ends a game as a truncated draw.
 from __future__ import annotations
 
 import json
-import logging
 import random
 import time
 import uuid
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from pydantic import Field
 
 from agentrt.envs import make_multi
 from agentrt.errors import AgentrtError, ConfigError
 from agentrt.policies.base import Action, ActRequest, Policy, as_policy
+from agentrt.runner.joint import act_all
 from agentrt.schema import ConfigModel
 from agentrt.types import Trajectory, Turn
-
-log = logging.getLogger(__name__)
 
 
 class RunnerConfig(ConfigModel):
@@ -257,7 +255,7 @@ class EpisodeRunner:
             req = ActRequest(ep.env, ep.id, ep.spec.env, agent, ep.seat_of[agent],
                              ep.counts[agent], ep.streak, turns[-1] if turns else None)
             waiting[self._bind(ep, agent)].append((ep, req))
-        for pid, items, actions, seconds in self._act(waiting):
+        for pid, items, actions, seconds in act_all(self.policies, waiting):
             if isinstance(actions, Exception):
                 if self.cfg.policy_errors == "raise":
                     raise actions
@@ -272,41 +270,6 @@ class EpisodeRunner:
             for (ep, req), action in zip(items, actions):
                 self._apply(ep, req, action if isinstance(action, Action) else Action(action))
             stats.env_s += time.perf_counter() - t0
-
-    def _act(self, waiting: dict[str, list[tuple[_Episode, ActRequest]]]
-             ) -> Iterator[tuple[str, list[tuple[_Episode, ActRequest]], Any, float]]:
-        """Each waiting policy's actions (or the exception its ``act`` raised) and its seconds.
-
-        Policies with one ``joint_key`` (LM policies on one pool: a league's policy and its
-        snapshots) act in one ``act_joint`` call, their prompts decoded as one batch; the call's
-        time is shared by rows. Should the joint call fail, each acts on its own, so an error
-        stays with the policy that raised it."""
-        joint: dict[Any, list[str]] = defaultdict(list)
-        for pid in waiting:
-            key = getattr(self.policies[pid], "joint_key", None)
-            joint[("own", pid) if key is None else key].append(pid)
-        for pids in joint.values():
-            if len(pids) > 1:
-                t0 = time.perf_counter()
-                try:
-                    answers = self.policies[pids[0]].act_joint(
-                        [(self.policies[pid], [req for _, req in waiting[pid]]) for pid in pids])
-                except Exception as e:  # noqa: BLE001 - retried one policy at a time below
-                    log.warning("policies %s failed acting together (%s: %s); each acts on its "
-                                "own", pids, type(e).__name__, e)
-                else:
-                    rows = sum(len(waiting[pid]) for pid in pids)
-                    share = (time.perf_counter() - t0) / rows
-                    for pid, actions in zip(pids, answers):
-                        yield pid, waiting[pid], actions, share * len(waiting[pid])
-                    continue
-            for pid in pids:
-                t0 = time.perf_counter()
-                try:
-                    actions = self.policies[pid].act([req for _, req in waiting[pid]])
-                except Exception as e:  # noqa: BLE001 - the caller records or raises it
-                    actions = e
-                yield pid, waiting[pid], actions, time.perf_counter() - t0
 
     def _bind(self, ep: _Episode, agent: str) -> str:
         """The policy of ``agent``: its seat's, or the router's pick for a :data:`ROUTED` seat."""
