@@ -3,7 +3,7 @@
 In a league tick every game waits on one move, and the seats belong to the learner, its
 snapshots and baselines. LM policies whose handles are one pool (``joint_key``) act in one
 ``act_joint`` call, so the pool decodes their prompts as one batch (docs/runtime.md, "One batch
-for a pool's adapters"); every other policy acts on its own.
+for a pool's policies and snapshots"); every other policy acts on its own.
 """
 
 from __future__ import annotations
