@@ -124,8 +124,8 @@ class BasePool:
 
     def generate_many(self, requests: list[tuple[list[list[int]], SamplingConfig | None,
                                                   str | None]]) -> list[list[Completion]]:
-        """:meth:`generate` of each ``(prompts, sampling, adapter)``, in one call per worker: LoRA
-        policies and snapshots sharing the base decode as one mixed batch
+        """:meth:`generate` of each ``(prompts, sampling, adapter)``, in one call per worker: the
+        pool's policies and snapshots decode as one batch where the model allows it
         (:meth:`~agentrt.weights.SharedModel.generate_many`)."""
         return self._run("generate_many",
                          [(prompts, sampling, self._name(adapter))

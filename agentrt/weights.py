@@ -264,7 +264,7 @@ class SharedModel:
                      and names <= {*self.frozen, *(self.adapters if self.vllm is None else ())}
                      and grouped_unsupported(self.model) is None)
         if len(requests) < 2 or not joint or any(s != sampling for _, s, _ in requests):
-            return [self.generate(p, s, n) for p, s, n in requests]
+            return [self.generate(p, s, n) if p else [] for p, s, n in requests]
         prompts = [p for ps, _, _ in requests for p in ps]
         out = self.hf.generate(prompts, sampling,
                                adapters=[name for ps, _, name in requests for _ in ps],

@@ -91,9 +91,10 @@ def test_generate_many_is_one_mixed_batch_equal_to_each_adapter_alone(pool):
     assert [c.response_ids for c in mixed[0]] != [c.response_ids for c in mixed[2][:4]]
     # different sampling configs cannot share a batch: one call per request
     with _Counted(pool) as counted:
-        pool.generate_many([(prompts[:2], GREEDY, p),
-                            (prompts[:2], GREEDY.model_copy(update={"max_new_tokens": 2}), q)])
-    assert counted.calls == 2
+        out = pool.generate_many([(prompts[:2], GREEDY, p), ([], GREEDY, p0),
+                                  (prompts[:2], GREEDY.model_copy(update={"max_new_tokens": 2}),
+                                   q)])
+    assert counted.calls == 2 and out[1] == [] and len(out[2]) == 2  # nothing asked, no call
 
 
 def test_a_ray_pool_decodes_the_joint_batch_as_the_local_pool_does(ray_session, pool,
