@@ -143,9 +143,12 @@ class LMPolicy:
     @property
     def joint_key(self) -> Any:
         """Policies with the same key (not None) may act in one call (:meth:`act_joint`): LM
-        policies whose engines are handles on one pool."""
+        policies whose engines are handles on one pool. A subclass with its own ``act`` acts on
+        its own (the joint call would pass it by)."""
         pool = getattr(self.engine, "pool", None)
-        return None if not hasattr(pool, "generate_many") else ("pool", id(pool))
+        if type(self).act is not LMPolicy.act or not hasattr(pool, "generate_many"):
+            return None
+        return ("pool", id(pool))
 
     def act(self, requests: list[ActRequest]) -> list[Action]:
         """One ``engine.generate`` call for all requests that fit the context."""
@@ -155,8 +158,8 @@ class LMPolicy:
     @staticmethod
     def act_joint(items: list[tuple[LMPolicy, list[ActRequest]]]) -> list[list[Action]]:
         """:meth:`act` of several policies with one ``joint_key``: their prompts go to the pool
-        in one ``generate_many`` call, which decodes LoRA policies and snapshots on one base as
-        one batch. Token budgets set by the env fall back to one call per policy."""
+        in one ``generate_many`` call, which decodes the pool's policies and snapshots as one
+        batch. Token budgets set by the env fall back to one call per policy."""
         ticks = [policy._prompts(requests) for policy, requests in items]
         if any(b is not None and int(b) < policy.max_new_tokens
                for (policy, _), tick in zip(items, ticks) for b in tick.budgets):

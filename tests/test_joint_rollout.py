@@ -116,7 +116,11 @@ def test_a_ray_pool_decodes_the_joint_batch_as_the_local_pool_does(ray_session, 
 
 
 class _Alone(LMPolicy):
-    joint_key = None  # acts on its own, as before policies on one pool acted together
+    """Acts on its own, as before policies on one pool acted together: a subclass with its own
+    ``act`` is never passed by a joint call."""
+
+    def act(self, requests):
+        return super().act(requests)
 
 
 def _play(pool, cls, memory=None, errors: str = "raise"):
@@ -135,6 +139,7 @@ def test_a_tick_of_policies_on_one_pool_plays_what_they_play_alone(pool):
     with _Counted(pool) as counted:
         together = _play(pool, LMPolicy)
     alone = _play(pool, _Alone)
+    assert _Alone(PolicyHandle(pool, "p", pool.policies["p"])).joint_key is None
     assert [(t.policy_id, [turn.response_ids for turn in t.turns])
             for t in together.trajectories] == [
         (t.policy_id, [turn.response_ids for turn in t.turns]) for t in alone.trajectories]
