@@ -109,6 +109,8 @@ class SharedModel:
         self._active: str | None = cfg.id if self.is_lora else None  # peft's active adapter
         self.frozen: dict[str, dict[str, torch.Tensor]] = {}  # full-weight snapshots (CPU)
         self.frozen_adapters: dict[str, str] = {}  # LoRA snapshot -> its source policy
+        # the static decoder can run the policy and its full-weight snapshots as one batch
+        self._grouped = not self.is_lora and grouped_unsupported(self.model) is None
         self.vllm: Any = None
         if cfg.rollout.backend == "vllm":
             from agentrt.rollout.vllm_backend import VLLMRollout
@@ -260,9 +262,8 @@ class SharedModel:
         if self.is_lora:
             joint = self.vllm is None and names <= {*self.adapters, *self.frozen_adapters}
         else:
-            joint = (self.hf.decoder is not None
-                     and names <= {*self.frozen, *(self.adapters if self.vllm is None else ())}
-                     and grouped_unsupported(self.model) is None)
+            joint = (self._grouped and self.hf.decoder is not None
+                     and names <= {*self.frozen, *(self.adapters if self.vllm is None else ())})
         if len(requests) < 2 or not joint or any(s != sampling for _, s, _ in requests):
             return [self.generate(p, s, n) if p else [] for p, s, n in requests]
         prompts = [p for ps, _, _ in requests for p in ps]

@@ -25,6 +25,7 @@ step, then ``end`` is called.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -312,7 +313,7 @@ class StaticDecoder:
         embed = each("model.embed_tokens.weight")
         # tied weights are one parameter, named by the embedding alone
         head = each("lm_head.weight") if "lm_head.weight" in live else embed
-        return Plan(GroupedEmbedding(embed), layers,
+        return Plan(GroupedLinear(embed, F.embedding), layers,
                     GroupedNorm(each("model.norm.weight"), eps),
                     GroupedLinear([w.to(dtype) for w in head]))
 
@@ -324,24 +325,37 @@ class MixedRows:
     slots repeat row 0 and are never read back), ``place`` the grid slot of each batch row."""
 
     def __init__(self, adapters: list[str], order: dict[str, int], device: torch.device) -> None:
-        self.names = adapters
-        slots: list[list[int]] = [[] for _ in order]
-        for i, name in enumerate(adapters):
-            slots[order[name]].append(i)
-        self.k, self.width = len(order), max(1, max(len(rows) for rows in slots))
-        gather, place = [0] * (self.k * self.width), [0] * len(adapters)
+        self.names, self.order, self.device = adapters, order, device
+        self.k = len(order)
+
+    @functools.cached_property
+    def grid(self) -> tuple[int, torch.Tensor, torch.Tensor]:  # (width, gather, place)
+        slots: list[list[int]] = [[] for _ in self.order]
+        for i, name in enumerate(self.names):
+            slots[self.order[name]].append(i)
+        width = max(1, max(len(rows) for rows in slots))
+        gather, place = [0] * (self.k * width), [0] * len(self.names)
         for k, rows in enumerate(slots):
             for j, i in enumerate(rows):
-                gather[k * self.width + j], place[i] = i, k * self.width + j
-        self.gather = torch.tensor(gather, device=device)
-        self.place = torch.tensor(place, device=device)
-        self.group = torch.tensor([order[name] for name in adapters], device=device)
-        self.runs: list[tuple[int, int, int]] = []  # (group, start, stop) of consecutive rows
-        for i, name in enumerate(adapters):
-            if self.runs and self.runs[-1][0] == order[name]:
-                self.runs[-1] = (order[name], self.runs[-1][1], i + 1)
+                gather[k * width + j], place[i] = i, k * width + j
+        return (width, torch.tensor(gather, device=self.device),
+                torch.tensor(place, device=self.device))
+
+    @functools.cached_property
+    def group(self) -> torch.Tensor:
+        """Each row's group index (a full-weight batch's norms)."""
+        return torch.tensor([self.order[name] for name in self.names], device=self.device)
+
+    @functools.cached_property
+    def runs(self) -> list[tuple[int, int, int]]:
+        """(group, start, stop) of each run of consecutive rows of one group."""
+        runs: list[tuple[int, int, int]] = []
+        for i, name in enumerate(self.names):
+            if runs and runs[-1][0] == self.order[name]:
+                runs[-1] = (self.order[name], runs[-1][1], i + 1)
             else:
-                self.runs.append((order[name], i, i + 1))
+                runs.append((self.order[name], i, i + 1))
+        return runs
 
 
 class Projection:
@@ -379,9 +393,10 @@ class Projection:
                 continue
             rows = x if x.dim() == 3 else x[:, None]  # [b, s, in]
             s = rows.shape[1]
-            grid = rows[adapters.gather].reshape(adapters.k, adapters.width * s, -1)
+            width, gather, place = adapters.grid
+            grid = rows[gather].reshape(adapters.k, width * s, -1)
             delta = torch.bmm(torch.bmm(grid.to(lora[0].dtype), lora[0]), lora[1])
-            delta = delta.view(adapters.k * adapters.width, s, -1)[adapters.place]
+            delta = delta.view(adapters.k * width, s, -1)[place]
             y = m.base_layer(x)
             outs.append(y + delta.view(y.shape).to(y.dtype))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
@@ -432,21 +447,14 @@ class _Module:
 
 
 class GroupedLinear:
-    """A full-weight batch's linear: each run of one group's rows times that group's weight."""
+    """A full-weight batch's linear (or, with ``op=F.embedding``, its token embedding): each run
+    of one group's rows through that group's weight."""
 
-    def __init__(self, weights: list[torch.Tensor]) -> None:
-        self.weights = weights
-
-    def __call__(self, x: torch.Tensor, rows: MixedRows) -> torch.Tensor:
-        outs = [F.linear(x[a:b], self.weights[k]) for k, a, b in rows.runs]
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
-
-
-class GroupedEmbedding(GroupedLinear):
-    """A full-weight batch's token embedding: each run looked up in its group's table."""
+    def __init__(self, weights: list[torch.Tensor], op: Any = F.linear) -> None:
+        self.weights, self.op = weights, op
 
     def __call__(self, x: torch.Tensor, rows: MixedRows) -> torch.Tensor:
-        outs = [F.embedding(x[a:b], self.weights[k]) for k, a, b in rows.runs]
+        outs = [self.op(x[a:b], self.weights[k]) for k, a, b in rows.runs]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
