@@ -37,6 +37,11 @@ class ModelConfig(Section):
     dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Compute dtype; bf16 uses autocast with fp32 master weights."
     )
+    attention: Literal["auto", "sdpa", "matmul"] = Field(
+        "auto", description="The attention kernel of the trainer's forward passes: sdpa "
+        "(transformers' default), matmul (scores and weighted values as matmuls, softmax in "
+        "fp32), or auto: matmul under bf16 on CPU, where SDPA's flash backward is slow, else "
+        "sdpa (agentrt/attention.py). The static decoder's own attention is unaffected.")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where the trainer and the HF rollout run; auto: CUDA when a GPU is "
         "visible, else CPU.")

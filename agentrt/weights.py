@@ -30,6 +30,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from agentrt import attention
 from agentrt.config import PolicyConfig, SamplingConfig
 from agentrt.policies.models import build_model, load_model
 from agentrt.rollout.hf import Completion, HFRollout
@@ -97,6 +98,7 @@ class SharedModel:
         self.autocast_dtype = torch.bfloat16 if cfg.model.dtype == "bf16" else None
         torch.manual_seed(seed)
         model, self.tokenizer = load_model(self.path)
+        attention.apply(model, cfg.model.attention, self.device, self.autocast_dtype is not None)
         self.is_lora = cfg.lora.enabled
         if self.is_lora:
             from peft import get_peft_model
