@@ -21,13 +21,13 @@ time on a loaded machine).
 
 Run: ``.venv/bin/python bench/vs_trl.py [--models llama-tiny,llama-small] [--tokens 6,32]
 [--reps 3] [--steps 20] [--warmup 3] [--threads 2] [--backend hf|vllm] [--precision fp32|bf16]
-[--compile] [--set KEY=VALUE] [--base-set KEY=VALUE]``. ``--compile``: agentrt with
-``policy.compile`` against two TRL arms, eager and ``torch_compile=True`` (TRL compiles the model
-its generate runs too), and against the faster of them per repetition (TRL-best). ``--set``
-passes agentrt config overrides to the
-agentrt arms; ``--base-set`` adds a third arm, agentrt-base, with more overrides (before/after
-in one run, e.g. ``--base-set policy.algorithm.old_logprobs=recompute``: the separate
-old-logprob pass). Needs the bench extra: ``pip install -e .[bench]``.
+[--compile] [--trl-attention sdpa,eager] [--set KEY=VALUE] [--base-set KEY=VALUE]``.
+``--compile``: agentrt with ``policy.compile`` against two TRL arms, eager and
+``torch_compile=True`` (TRL compiles the model its generate runs too), and against the faster of
+them per repetition (TRL-best). ``--trl-attention``: a TRL arm (two with ``--compile``) per
+transformers attention implementation, all in TRL-best. ``--set``: agentrt overrides;
+``--base-set`` adds an arm agentrt-base with more (before/after in one run). Needs the bench
+extra: ``pip install -e .[bench]``.
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ PROMPTS, GROUP, LR, EPS, SEED = 32, 8, 1e-4, 1e-4, 0
 # the unit gradients: the advantages cancel within each group, so the gradient is a small
 # difference of large terms and carries fp32 rounding of the whole backward (measured up to 6e-4
 # on llama-small at 32 tokens); a wrong scale or sign moves these by 1e-2 or more.
-# bf16 (--precision bf16): autocast on both sides over the same fp32 weights. Log-probs agreed
-# exactly on both models (the same autocast kernels); the gradient carries bf16 rounding (8-bit
-# mantissa) of the whole backward: measured norm 1e-4 / 8e-4 relative, direction 3.9e-3 /
-# 4.5e-3 (llama-tiny / llama-small at 32 tokens), so 2e-2 leaves 4x; a wrong sign moves the
-# direction by 1 or more, a dropped term of the loss by 1e-1 or more.
+# bf16 (--precision bf16): autocast on both sides over the same fp32 weights. Log-probs differ
+# by up to 8e-3 (agentrt's matmul attention against TRL's SDPA; each is ~8e-3 from fp32); the
+# gradient carries bf16 rounding of the whole backward: norm 1e-4 / 8e-4 relative, direction
+# 3.9e-3 / 4.5e-3 (llama-tiny / llama-small, 32 tokens), so 2e-2 leaves 4x; a wrong sign moves
+# the direction by 1 or more, a dropped term of the loss by 1e-1 or more.
 TOL = {"fp32": {"logprobs": 2e-4, "advantages": 1e-5, "loss": 1e-5, "grad_norm": 2e-3,
                 "grad_direction": 2e-3},
        "bf16": {"logprobs": 2e-2, "advantages": 1e-5, "loss": 1e-5, "grad_norm": 2e-2,
@@ -235,7 +235,8 @@ def run_trl(a: argparse.Namespace) -> dict:
 
     total = a.warmup + a.steps + 1
     tok = AutoTokenizer.from_pretrained(a.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype="float32",
+                                                 attn_implementation=a.attention)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = timed_trainer(GRPOTrainer)(
             model=model, reward_funcs=exact_match_reward, processing_class=tok,
@@ -332,7 +333,8 @@ def run_parity(a: argparse.Namespace) -> dict:
     ours = torch.cat([ours_lp[i, len(p):len(p) + len(r)] for i, (p, r) in
                       enumerate(zip(prompts, responses))])
     theirs = torch.cat([trl_lp[i, :len(r)] for i, r in enumerate(responses)])
-    return {"logprobs": float((ours - theirs).abs().max()), "mean_logprob": float(ours.mean()), "advantages": float((ours_adv - trl_adv).abs().max()),
+    return {"logprobs": float((ours - theirs).abs().max()), "mean_logprob": float(ours.mean()),
+            "advantages": float((ours_adv - trl_adv).abs().max()),
             "loss": abs(ours_loss - trl_loss), "loss_agentrt": ours_loss, "loss_trl": trl_loss,
             "grad_norm": abs(ours_grad - trl_grad) / max(trl_grad, 1e-12),
             "grad_direction": direction, "rewards": sum(rewards),
@@ -341,11 +343,12 @@ def run_parity(a: argparse.Namespace) -> dict:
 
 # ---------------------------------------------------------------------------------- driver
 def worker(arm: str, model_dir: Path, tokens: int, a: argparse.Namespace,
-           overrides: list[str], backend: str | None = None, compiled: bool = False) -> dict:
+           overrides: list[str], backend: str | None = None, compiled: bool = False,
+           attention: str = "sdpa") -> dict:
     cmd = [sys.executable, __file__, "--worker", arm, "--model-dir", str(model_dir),
            "--tokens", str(tokens), "--steps", str(a.steps), "--warmup", str(a.warmup),
            "--threads", str(a.threads), "--backend", backend or a.backend,
-           "--precision", a.precision] + ["--compile"] * compiled
+           "--precision", a.precision, "--attention", attention] + ["--compile"] * compiled
     for s in overrides:
         cmd += ["--set", s]
     env = os.environ | {"OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false",
@@ -387,20 +390,24 @@ def parity(preset: str, model_dir: Path, tokens: int, a: argparse.Namespace) -> 
 def compare(preset: str, model_dir: Path, n: int, a: argparse.Namespace) -> dict[str, float]:
     """Interleaved reps of every arm; returns each agentrt arm's median ratio to TRL. Where
     TRL's vLLM colocate mode fails, says why and measures TRL with its HF generate instead."""
-    arms = {"agentrt": ("agentrt", a.set, a.compile), "TRL": ("trl", [], False)}
-    if a.compile:  # TRL's torch_compile also runs its generate through the compiled model
-        arms["TRL-compiled"] = ("trl", [], True)
+    arms = {"agentrt": ("agentrt", a.set, a.compile, "sdpa")}
+    for attn in a.trl_attention.split(","):
+        tag = "" if attn == "sdpa" else f"-{attn}"
+        arms[f"TRL{tag}"] = ("trl", [], False, attn)
+        if a.compile:  # TRL's torch_compile also runs its generate through the compiled model
+            arms[f"TRL-compiled{tag}"] = ("trl", [], True, attn)
     if a.base_set:
-        arms["agentrt-base"] = ("agentrt", a.set + a.base_set, a.compile)
+        arms["agentrt-base"] = ("agentrt", a.set + a.base_set, a.compile, "sdpa")
     names = list(arms)
     runs: dict[str, list[dict]] = {k: [] for k in names}
     trl_backend = a.backend
     for rep in range(a.reps):
         for name in names[rep % len(names):] + names[:rep % len(names)]:
-            kind, overrides, compiled = arms[name]
+            kind, overrides, compiled, attn = arms[name]
             backend = trl_backend if kind == "trl" else a.backend
             try:
-                runs[name].append(worker(kind, model_dir, n, a, overrides, backend, compiled))
+                runs[name].append(worker(kind, model_dir, n, a, overrides, backend, compiled,
+                                         attn))
             except RuntimeError as exc:
                 if kind != "trl" or backend != "vllm":
                     raise
@@ -408,13 +415,14 @@ def compare(preset: str, model_dir: Path, n: int, a: argparse.Namespace) -> dict
                 print(f"  TRL with vLLM (colocate) does not run here: {errors[-1].strip()}; "
                       "TRL is measured with its HF generate instead")
                 trl_backend = "hf"
-                runs[name].append(worker(kind, model_dir, n, a, overrides, "hf", compiled))
+                runs[name].append(worker(kind, model_dir, n, a, overrides, "hf", compiled,
+                                         attn))
     print(f"{preset}, {n} generated tokens (load {os.getloadavg()[0]:.1f}):")
     ratios = {}
     for name in names:
         show(name, runs[name])
     trls = [name for name in names if name.startswith("TRL")]
-    # with --compile, against TRL's faster setting in each repetition (eager or compiled)
+    # with several TRL arms, against TRL's fastest in each repetition (TRL-best)
     best = [max((runs[t][rep] for t in trls), key=lambda r: r["steps_per_s"])
             for rep in range(a.reps)]
     for name in names:
@@ -443,10 +451,12 @@ def main() -> None:
                     help="both sides: fp32, or bf16 autocast over fp32 weights (agentrt "
                     "policy.model.dtype, TRL bf16=True)")
     ap.add_argument("--compile", action="store_true",
-                    help="agentrt's update through torch.compile (policy.compile), against TRL "
-                    "eager and TRL torch_compile=True (which compiles its generate too) and the "
-                    "faster of the two per repetition; use --warmup 2 or more: the compiles are "
-                    "warm-up")
+                    help="agentrt with policy.compile, against TRL eager and TRL torch_compile="
+                    "True and the faster per repetition; use --warmup 2 or more")
+    ap.add_argument("--trl-attention", default="sdpa",
+                    help="a TRL arm per transformers attention, e.g. sdpa,eager (agentrt's "
+                    "auto runs matmul attention, transformers' eager, under bf16 on CPU)")
+    ap.add_argument("--attention", default="sdpa", help=argparse.SUPPRESS)
     ap.add_argument("--set", action="append", default=[], help="agentrt override KEY=VALUE")
     ap.add_argument("--base-set", action="append", default=[],
                     help="adds an arm agentrt-base with these overrides on top of --set")
