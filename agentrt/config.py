@@ -272,6 +272,10 @@ class RuntimeConfig(Section):
     num_cpus: int | None = Field(None, gt=0, description="CPUs of a locally started Ray.")
     collective_timeout_s: float = Field(
         300.0, gt=0.0, description="Timeout of one gradient all-reduce between workers.")
+    keep_freed_memory: bool = Field(
+        True, description="Keep memory freed between steps in the process instead of returning "
+        "it to the OS (glibc malloc settings, agentrt/allocator.py): a step's large tensors are "
+        "then not page-faulted in again every step; the process keeps its peak memory.")
 
 
 class TrainConfig(Section):

@@ -30,6 +30,7 @@ from typing import Any, Callable, Protocol
 import torch
 import yaml
 
+from agentrt.allocator import keep_freed_memory
 from agentrt.async_rollout import AsyncRollout
 from agentrt.config import (AsyncRolloutConfig, ExportConfig, GuardsConfig, PolicyConfig,
                             RuntimeConfig, SamplingConfig)
@@ -150,6 +151,7 @@ class Controller:
                  drift: DriftConfig | None = None, control: Any | None = None,
                  async_rollout: AsyncRolloutConfig | None = None) -> None:
         self.run_dir = run_dir
+        keep_freed_memory(runtime.keep_freed_memory)  # before the pools allocate
         self.prefetch = (AsyncRollout(async_rollout, seed)
                          if async_rollout is not None and async_rollout.enabled else None)
         self.control = control

@@ -96,6 +96,7 @@ class PolicyPool(BasePool):
         self.res = resources or policies[0].resources
         self.num_workers = self.res.num_workers
         self.timeout_s = (runtime or RuntimeConfig()).collective_timeout_s
+        self.keep_memory = (runtime or RuntimeConfig()).keep_freed_memory
         self.max_recoveries = max_recoveries
         self.owns_ray = ensure_ray(runtime)
         from transformers import AutoTokenizer
@@ -137,7 +138,8 @@ class PolicyPool(BasePool):
                 max_restarts=self.res.max_restarts, max_task_retries=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.pg, placement_group_bundle_index=i),
-            ).remote(policies, seed, total_steps, threads)
+            ).remote(policies, seed, total_steps, threads,
+                     keep_memory=self.keep_memory)
             for i in range(self.num_workers)
         ]
         self.pids: list[int] = []

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from agentrt.allocator import keep_freed_memory
 from agentrt.config import PolicyConfig, SamplingConfig, SFTConfig
 from agentrt.engine import Completion, HybridEngine
 from agentrt.steps import is_share_metric
@@ -123,10 +124,14 @@ class PolicyWorker:
         total_steps: Steps the LR schedules span.
         threads: torch intra-op threads (None keeps torch's default).
         workdir: Where a preset model is built.
+        keep_memory: Keep freed memory in the process (``runtime.keep_freed_memory``; a Ray
+            actor's process sets it here, a local pool's is the controller's).
     """
 
     def __init__(self, policies: list[PolicyConfig], seed: int = 0, total_steps: int = 1000,
-                 threads: int | None = None, workdir: str | None = None) -> None:
+                 threads: int | None = None, workdir: str | None = None,
+                 keep_memory: bool = False) -> None:
+        keep_freed_memory(keep_memory)
         if threads:
             torch.set_num_threads(threads)
         ids = [p.id for p in policies]
