@@ -30,7 +30,7 @@ from typing import Any, Callable, Protocol
 import torch
 import yaml
 
-from agentrt.allocator import keep_freed_memory
+from agentrt.allocator import freeze_setup_objects, keep_freed_memory, release_setup_objects
 from agentrt.async_rollout import AsyncRollout
 from agentrt.config import (AsyncRolloutConfig, ExportConfig, GuardsConfig, PolicyConfig,
                             RuntimeConfig, SamplingConfig)
@@ -288,6 +288,7 @@ class Controller:
                     if stop_after is not None and stop_after <= 0:
                         break
                     last = self._iteration(work, bar)
+                    freeze_setup_objects()
                     if stop_after is not None:
                         stop_after -= 1
             except KeyboardInterrupt:
@@ -295,6 +296,7 @@ class Controller:
                 raise
             finally:
                 bar.close()
+                release_setup_objects()
                 plot_metrics(self.run_dir.read_metrics(), self.run_dir.path / "curves.png")
             work.finish(self)
             if self.step >= work.steps or work.done():

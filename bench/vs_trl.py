@@ -274,8 +274,7 @@ def worker(arm: str, model_dir: Path, tokens: int, a: argparse.Namespace,
                         "TRANSFORMERS_VERBOSITY": "error", "TRL_EXPERIMENTAL_SILENCE": "1",
                         "PYTHONWARNINGS": "ignore", "VLLM_CPU_KVCACHE_SPACE": "1"}
     if arm == "trl" and a.trl_keep_memory:  # agentrt's runtime.keep_freed_memory, as env
-        env |= {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "2147483647",
-                "MALLOC_ARENA_MAX": "1"}
+        env |= {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "2147483647"}
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     if out.returncode:
         raise RuntimeError(f"{arm} worker failed:\n{out.stderr[-3000:]}")

@@ -48,3 +48,46 @@ def test_freed_memory_is_reused_instead_of_faulted_in_every_step():
 def test_on_by_default_and_off_by_config():
     assert RuntimeConfig().keep_freed_memory is True
     assert RuntimeConfig(keep_freed_memory=False).keep_freed_memory is False
+
+
+def test_setup_objects_are_frozen_until_the_run_ends():
+    import gc
+
+    from agentrt.allocator import freeze_setup_objects, release_setup_objects
+
+    assert gc.get_freeze_count() == 0
+    freeze_setup_objects()
+    try:
+        assert gc.get_freeze_count() > 0
+        cycle: list = []
+        cycle.append(cycle)  # garbage made after the freeze is still collected
+        del cycle
+        assert gc.collect() > 0
+    finally:
+        release_setup_objects()
+    assert gc.get_freeze_count() == 0
+
+
+FREEZE_COUNTS: list[int] = []
+
+
+def test_a_run_freezes_after_its_first_step_and_releases_at_its_end(tmp_path, tiny_model_dir):
+    import gc
+
+    from agentrt.config import validate_config
+    from agentrt.rewards import reward
+    from agentrt.trainer import Trainer
+    from test_trainer import small_config
+
+    @reward("test_freeze_count")
+    def count(prompt: str, response: str, info: dict) -> float:
+        FREEZE_COUNTS.append(gc.get_freeze_count())
+        return 0.0
+
+    cfg = small_config(tmp_path, tiny_model_dir, reward="test_freeze_count")
+    cfg["train"] = {**cfg.get("train", {}), "steps": 3}
+    Trainer(validate_config(cfg)).run()
+    assert FREEZE_COUNTS[0] == 0  # the start-up evaluation and step 1 run unfrozen
+    frozen = [i for i, c in enumerate(FREEZE_COUNTS) if c > 0]
+    assert frozen and frozen == list(range(frozen[0], frozen[-1] + 1))  # then steps 2-3
+    assert gc.get_freeze_count() == 0  # released at the end of the run
