@@ -6,7 +6,9 @@ count. Rollout: one batched generate of ``--batch`` 2-digit addition prompts (th
 rollout); generated tokens/s x model FLOPs per generated token (2 x the weights of every linear
 layer, lm_head included, plus attention 4 x layers x width x the positions attended). Update: one
 GRPO update on that batch (forward + backward = 3 x the forward FLOPs of its real tokens, padding
-not counted) per second of the update. MFU = achieved / peak, printed against both peaks.
+not counted) per second of the update. MFU = achieved / peak, printed against both peaks. Also
+the rate of one decode step's matmuls alone at the rollout's rows (the model's weights, in its
+dtype): the most a decode loop could reach were attention, norms and sampling free.
 
 Run: ``.venv/bin/python bench/mfu.py [--models llama-small,llama-tiny] [--batch 256]
 [--tokens 32] [--threads 2] [--dtype fp32|bf16] [--reps 3] [--profile]``
@@ -37,6 +39,25 @@ def gemm_peak(dtype: torch.dtype, shapes: list[tuple[int, int, int]], reps: int)
             for _ in range(inner):
                 a @ b
             best = max(best, 2 * m * k * n * inner / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def decode_gemm_rate(model: nn.Module, rows: int, reps: int) -> float:
+    """GFLOP/s of one decode step's linear layers alone, at ``rows`` rows (each weight's
+    ``rows x in @ in x out``, timed back to back, best of ``reps``): the rate a decode step would
+    reach if everything but its matmuls (attention over the cache, norms, sampling) were free."""
+    ws = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
+    xs = [torch.randn(rows, w.shape[1], dtype=w.dtype) for w in ws]
+    flops = sum(2 * rows * w.shape[0] * w.shape[1] for w in ws)
+    inner = max(1, int(2e9 / flops))
+    best = 0.0
+    with torch.inference_mode():
+        for _ in range(reps + 1):  # the first is warm-up
+            start = time.perf_counter()
+            for _ in range(inner):
+                for x, w in zip(xs, ws):
+                    torch.nn.functional.linear(x, w)
+            best = max(best, flops * inner / (time.perf_counter() - start) / 1e9)
     return best
 
 
@@ -104,6 +125,7 @@ def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float
         if rep == 0:
             per_token = forward_flops(eng.model, pos) / len(pos)
     return {"rollout_gflops": statistics.median(gen) / 1e9,
+            "decode_gemm_gflops": decode_gemm_rate(eng.model, a.batch, a.reps),
             "update_gflops": statistics.median(upd) / 1e9,
             "gen_tokens_per_s": gen_tok, "mflop_per_token": per_token / 1e6}
 
@@ -121,6 +143,9 @@ def main() -> None:
                     "time; that update's seconds then include the profiler's)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    from agentrt.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as every agentrt run's controller does (runtime.keep_freed_memory)
     shapes = [(a.batch, 256, 1024), (a.batch, 1024, 256), (a.batch, 128, 512),
               (4096, 256, 1024), (4096, 1024, 256)]
     peaks = {"fp32": gemm_peak(torch.float32, shapes, a.reps),
@@ -140,6 +165,10 @@ def main() -> None:
                       + (f" ({r['gen_tokens_per_s']:.0f} generated tokens/s, "
                          f"{r['mflop_per_token']:.1f} MFLOP per token)"
                          if phase == "rollout" else ""))
+            ceiling = r["decode_gemm_gflops"]
+            print(f"  {preset:11s} decode GEMMs alone at {a.batch} rows: {ceiling:6.1f} GFLOP/s "
+                  f"({ceiling / peaks['fp32']:.0%} of the fp32 peak); the rollout runs at "
+                  f"{r['rollout_gflops'] / ceiling:.0%} of that")
 
 
 if __name__ == "__main__":
