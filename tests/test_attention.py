@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from agentrt import attention
 from agentrt.config import AlgorithmConfig
-from test_engine import make_engine, params_of
-from test_packing import ARMS, varied_batch
+from test_engine import make_engine
+from test_packing import ARMS, update_steps, varied_batch
 
 
 def test_matmul_attention_equals_sdpa_with_masks_and_grouped_heads():
@@ -70,18 +70,11 @@ def test_matmul_logprobs_and_update_equal_sdpa_on_every_layout(tiny_model_dir, a
                                  model={"attention": kind}, **ARMS[arm])
                for kind in ("sdpa", "matmul")}
     assert engines["matmul"].model.config._attn_implementation == attention.MATMUL
-    before = params_of(engines["sdpa"])
     batch = varied_batch(engines["sdpa"].pad_id, n=16, seed=1)
     lp = {kind: eng.logprobs(batch) for kind, eng in engines.items()}
     assert lp["sdpa"].abs().sum() > 0
     torch.testing.assert_close(lp["matmul"], lp["sdpa"], atol=2e-5, rtol=0)
-    steps, metrics = {}, {}
-    for kind, eng in engines.items():
-        b = batch.select(list(range(batch.size)))
-        eng.prepare(b)
-        eng.compute_advantages(b)
-        metrics[kind] = eng.update(b)
-        steps[kind] = torch.cat([(p - before[k]).flatten() for k, p in params_of(eng).items()])
+    steps, metrics = update_steps(engines, batch)
     scale = float(steps["sdpa"].abs().max())
     assert scale > 1e-4
     assert float((steps["matmul"] - steps["sdpa"]).abs().max()) <= 1e-4 * scale

@@ -38,6 +38,20 @@ ARMS = {"padded": {"packing": False},
         "shared": {"micro_batch_tokens": BUDGET, "packing": True}}
 
 
+def update_steps(engines: dict, batch) -> tuple[dict, dict]:
+    """Each engine's GRPO update on a copy of ``batch`` from the same weights: per engine the
+    flattened weight change and the update's metrics."""
+    before = params_of(next(iter(engines.values())))
+    steps, metrics = {}, {}
+    for name, eng in engines.items():
+        b = batch.select(list(range(batch.size)))
+        eng.prepare(b)
+        eng.compute_advantages(b)
+        metrics[name] = eng.update(b)
+        steps[name] = torch.cat([(p - before[k]).flatten() for k, p in params_of(eng).items()])
+    return steps, metrics
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_packed_and_bucketed_logprobs_equal_the_padded_ones(tiny_model_dir, lora):
     engines = {arm: make_engine(tiny_model_dir, lora=LoraConfig(enabled=lora),
@@ -94,15 +108,8 @@ def test_grpo_update_with_packing_gives_the_same_weights(tiny_model_dir):
     algo = AlgorithmConfig(entropy_coef=0.01)  # the entropy's gradient too
     engines = {arm: make_engine(tiny_model_dir, algorithm=algo, optim=optim, **kw)
                for arm, kw in ARMS.items()}
-    before = params_of(engines["padded"])
     batch = varied_batch(engines["padded"].pad_id, n=16, seed=1)
-    steps, metrics = {}, {}
-    for arm, eng in engines.items():
-        b = batch.select(list(range(batch.size)))
-        eng.prepare(b)
-        eng.compute_advantages(b)
-        metrics[arm] = eng.update(b)
-        steps[arm] = torch.cat([(p - before[k]).flatten() for k, p in params_of(eng).items()])
+    steps, metrics = update_steps(engines, batch)
     scale = float(steps["padded"].abs().max())
     assert scale > 1e-4
     for arm in ("bucketed", "packed", "shared"):
