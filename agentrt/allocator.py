@@ -40,10 +40,8 @@ _FROZE: list[bool] = []  # freeze_setup_objects froze the collector's objects
 
 def keep_freed_memory(enabled: bool = True) -> bool:
     """Sets glibc's malloc to keep freed memory (once per process). Returns whether it is set."""
-    if not enabled:
-        return bool(_APPLIED)
-    if _APPLIED:
-        return True
+    if not enabled or _APPLIED:
+        return bool(_APPLIED and _APPLIED[0])
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:

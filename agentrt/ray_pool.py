@@ -95,8 +95,9 @@ class PolicyPool(BasePool):
         super().__init__(policies)
         self.res = resources or policies[0].resources
         self.num_workers = self.res.num_workers
-        self.timeout_s = (runtime or RuntimeConfig()).collective_timeout_s
-        self.keep_memory = (runtime or RuntimeConfig()).keep_freed_memory
+        runtime = runtime or RuntimeConfig()
+        self.timeout_s = runtime.collective_timeout_s
+        self.keep_memory = runtime.keep_freed_memory
         self.max_recoveries = max_recoveries
         self.owns_ray = ensure_ray(runtime)
         from transformers import AutoTokenizer

@@ -27,18 +27,26 @@ import torch
 from torch import nn
 
 
+def best_rate(run, flops: float, reps: int) -> float:
+    """Best GFLOP/s of ``run()`` (``flops`` a call) over ``reps`` timings of about 2 GFLOP each,
+    after one warm-up call."""
+    inner = max(1, int(2e9 / flops))
+    run()
+    best = 0.0
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(inner):
+            run()
+        best = max(best, flops * inner / (time.perf_counter() - start) / 1e9)
+    return best
+
+
 def gemm_peak(dtype: torch.dtype, shapes: list[tuple[int, int, int]], reps: int) -> float:
     """Best GFLOP/s of ``m x k @ k x n`` over ``shapes`` (each warmed up, best of ``reps``)."""
     best = 0.0
     for m, k, n in shapes:
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-        inner = max(1, int(2e9 / (2 * m * k * n)))  # about 2 GFLOP per timing
-        a @ b
-        for _ in range(reps):
-            start = time.perf_counter()
-            for _ in range(inner):
-                a @ b
-            best = max(best, 2 * m * k * n * inner / (time.perf_counter() - start) / 1e9)
+        best = max(best, best_rate(lambda: a @ b, 2 * m * k * n, reps))
     return best
 
 
@@ -48,17 +56,9 @@ def decode_gemm_rate(model: nn.Module, rows: int, reps: int) -> float:
     reach if everything but its matmuls (attention over the cache, norms, sampling) were free."""
     ws = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
     xs = [torch.randn(rows, w.shape[1], dtype=w.dtype) for w in ws]
-    flops = sum(2 * rows * w.shape[0] * w.shape[1] for w in ws)
-    inner = max(1, int(2e9 / flops))
-    best = 0.0
     with torch.inference_mode():
-        for _ in range(reps + 1):  # the first is warm-up
-            start = time.perf_counter()
-            for _ in range(inner):
-                for x, w in zip(xs, ws):
-                    torch.nn.functional.linear(x, w)
-            best = max(best, flops * inner / (time.perf_counter() - start) / 1e9)
-    return best
+        return best_rate(lambda: [torch.nn.functional.linear(x, w) for x, w in zip(xs, ws)],
+                         2 * rows * linear_weights(model), reps)
 
 
 def linear_weights(model: nn.Module) -> int:
