@@ -106,7 +106,8 @@ class SharedModel:
             model = get_peft_model(model, peft_config(cfg), adapter_name=cfg.id)
         self.model = model.to(self.device).eval()  # dropout off unless a learner asks for it
         self.hf = HFRollout(self.model, self.tokenizer, cfg.rollout.sampling,
-                            cfg.rollout.batch_size, self.autocast_dtype, cfg.rollout.decode)
+                            cfg.rollout.batch_size, self.autocast_dtype, cfg.rollout.decode,
+                            cfg.compile)
         self.adapters: dict[str, PolicyConfig] = {cfg.id: cfg}  # trainable policies
         self._active: str | None = cfg.id if self.is_lora else None  # peft's active adapter
         self.frozen: dict[str, dict[str, torch.Tensor]] = {}  # full-weight snapshots (CPU)

@@ -7,11 +7,14 @@ rollout); generated tokens/s x model FLOPs per generated token (2 x the weights 
 layer, lm_head included, plus attention 4 x layers x width x the positions attended). Update: one
 GRPO update on that batch (forward + backward = 3 x the forward FLOPs of its real tokens, padding
 not counted) per second of the update. MFU = achieved / peak, printed against both peaks. Also
-the rate of one decode step's matmuls alone at the rollout's rows (the model's weights, in its
-dtype): the most a decode loop could reach were attention, norms and sampling free.
+the rate of one decode step's matmuls alone at the rollout's rows (the model's weights, in the
+dtype its matmuls run in): the most a decode loop could reach were attention, norms and sampling
+free.
 
 Run: ``.venv/bin/python bench/mfu.py [--models llama-small,llama-tiny] [--batch 256]
-[--tokens 32] [--threads 2] [--dtype fp32|bf16] [--reps 3] [--profile]``
+[--tokens 32] [--threads 2] [--dtype fp32|bf16] [--compile] [--reps 3] [--profile]``
+(``--compile``: ``policy.compile``, the update and the rollout's decode step through
+torch.compile; their compiles happen in the warm-up calls).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def best_rate(run, flops: float, reps: int) -> float:
@@ -50,11 +56,12 @@ def gemm_peak(dtype: torch.dtype, shapes: list[tuple[int, int, int]], reps: int)
     return best
 
 
-def decode_gemm_rate(model: nn.Module, rows: int, reps: int) -> float:
+def decode_gemm_rate(model: nn.Module, rows: int, reps: int, dtype: torch.dtype) -> float:
     """GFLOP/s of one decode step's linear layers alone, at ``rows`` rows (each weight's
-    ``rows x in @ in x out``, timed back to back, best of ``reps``): the rate a decode step would
-    reach if everything but its matmuls (attention over the cache, norms, sampling) were free."""
-    ws = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
+    ``rows x in @ in x out`` in ``dtype``, the one the rollout's matmuls run in, timed back to
+    back, best of ``reps``): the rate a decode step would reach if everything but its matmuls
+    (attention over the cache, norms, sampling) were free."""
+    ws = [m.weight.detach().to(dtype) for m in model.modules() if isinstance(m, nn.Linear)]
     xs = [torch.randn(rows, w.shape[1], dtype=w.dtype) for w in ws]
     with torch.inference_mode():
         return best_rate(lambda: [torch.nn.functional.linear(x, w) for x, w in zip(xs, ws)],
@@ -90,11 +97,20 @@ def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float
                        rollout={"sampling": SamplingConfig(temperature=1.0,
                                                            max_new_tokens=a.tokens),
                                 "batch_size": a.batch},
-                       algorithm=AlgorithmConfig(name="grpo"), micro_batch_size=a.batch)
+                       algorithm=AlgorithmConfig(name="grpo"), micro_batch_size=a.batch,
+                       compile=a.compile)
     eng = HybridEngine(cfg, seed=0)
     train, _ = make_splits("arithmetic", {"digits": 2, "ops": ["+"]}, a.batch, 8, 0)
     prompts = [encode_prompt(eng.tokenizer, ex.prompt) for ex in train[:a.batch]]
-    eng.generate(prompts[:8])  # warm-up
+    eng.generate(prompts[:8])  # warm-up (and the decode step's compile)
+    if a.compile:  # the update's compile and the full batch's shapes, outside the timings
+        warm = eng.generate(prompts)
+        batch = collate([Trajectory([Turn(p, c.response_ids, c.logprobs, reward=float(i % 3))],
+                                    group_id=str(i // 8))
+                         for i, (p, c) in enumerate(zip(prompts, warm))], eng.pad_id)
+        eng.prepare(batch)
+        eng.compute_advantages(batch)
+        eng.update(batch)
     gen, upd = [], []
     for rep in range(a.reps):
         start = time.perf_counter()
@@ -125,7 +141,7 @@ def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float
         if rep == 0:
             per_token = forward_flops(eng.model, pos) / len(pos)
     return {"rollout_gflops": statistics.median(gen) / 1e9,
-            "decode_gemm_gflops": decode_gemm_rate(eng.model, a.batch, a.reps),
+            "decode_gemm_gflops": decode_gemm_rate(eng.model, a.batch, a.reps, DTYPES[a.dtype]),
             "update_gflops": statistics.median(upd) / 1e9,
             "gen_tokens_per_s": gen_tok, "mflop_per_token": per_token / 1e6}
 
@@ -137,6 +153,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--compile", action="store_true", help="policy.compile: true")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler table of the last repetition's update (ops by self "
@@ -152,7 +169,8 @@ def main() -> None:
              "bf16": gemm_peak(torch.bfloat16, shapes, a.reps)}
     print(f"cpus {os.cpu_count()}, threads {a.threads}, load average "
           f"{os.getloadavg()[0]:.1f}; matmul peak fp32 {peaks['fp32']:.0f} GFLOP/s, bf16 "
-          f"{peaks['bf16']:.0f} GFLOP/s; model dtype {a.dtype}, rollout batch {a.batch}, "
+          f"{peaks['bf16']:.0f} GFLOP/s; model dtype {a.dtype}{', compiled' * a.compile}, "
+          f"rollout batch {a.batch}, "
           f"{a.tokens} new tokens")
     with tempfile.TemporaryDirectory() as tmp:
         for preset in a.models.split(","):
@@ -167,7 +185,7 @@ def main() -> None:
                          if phase == "rollout" else ""))
             ceiling = r["decode_gemm_gflops"]
             print(f"  {preset:11s} decode GEMMs alone at {a.batch} rows: {ceiling:6.1f} GFLOP/s "
-                  f"({ceiling / peaks['fp32']:.0%} of the fp32 peak); the rollout runs at "
+                  f"({ceiling / peaks[a.dtype]:.0%} of the {a.dtype} peak); the rollout runs at "
                   f"{r['rollout_gflops'] / ceiling:.0%} of that")
 
 

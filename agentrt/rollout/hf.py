@@ -55,11 +55,12 @@ class HFRollout:
         autocast_dtype: ``torch.bfloat16`` for bf16 autocast, None for fp32.
         decode: ``"static"`` (the static decoder; the model must be Llama-type), ``"hf"``
             (``model.generate``) or ``"auto"`` (static where the model allows it, else hf).
+        compile: The static decoder's decode steps through torch.compile (``policy.compile``).
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, sampling: SamplingConfig,
                  batch_size: int = 256, autocast_dtype: torch.dtype | None = None,
-                 decode: str = "auto") -> None:
+                 decode: str = "auto", compile: bool = False) -> None:
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, not {decode!r}")
         self.model = model
@@ -73,7 +74,7 @@ class HFRollout:
         if decode == "static" and reason is not None:
             raise ValueError(f"rollout.decode is 'static' but {reason}; set rollout.decode: hf "
                              "or auto")
-        self.decoder = (StaticDecoder(model, self.pad_id, self.eos_id, autocast_dtype)
+        self.decoder = (StaticDecoder(model, self.pad_id, self.eos_id, autocast_dtype, compile)
                         if decode != "hf" and reason is None else None)
 
     @torch.inference_mode()

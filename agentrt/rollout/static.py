@@ -1,16 +1,16 @@
 """A decode loop for Llama-type models with a pre-allocated KV cache and sampling on tensors.
 
-``model.generate`` pays per token for what a rollout does not need: a growing cache that copies
-itself every step (``torch.cat``), logits processors and stopping criteria run as Python objects,
-every step's full logits kept for the log-probs at the end (B x T x V), and finished rows computed
-to the last step. This loop prefills once, then runs one forward of the new tokens per step
-against a cache allocated once (prompt width + ``max_new_tokens``), samples on tensors, computes
-each token's log-prob from the same logits at once, and drops finished rows from the batch.
+``model.generate`` pays per token for what a rollout does not need: a cache grown by copies
+(``torch.cat``), logits processors and stopping criteria as Python objects, all logits kept for
+the log-probs (B x T x V), finished rows computed to the end. This loop prefills once, then runs
+one forward of the new tokens per step against a cache allocated once (prompt width +
+``max_new_tokens``), samples on tensors with each token's log-prob, and drops finished rows.
 
 It calls the model's own submodules (embedding, norms, projections, MLP, rotary embedding), so
 peft LoRA layers, peft's ``disable_adapter`` and weights swapped in by pointer (frozen snapshots)
-all apply as in ``generate``; only attention and the cache are its own. Models it does not know
-(:func:`unsupported_reason`) fall back to ``generate``.
+all apply as in ``generate``; only attention and the cache are its own (with ``compile``, the
+decode step of one model's weights is compiled: :mod:`agentrt.rollout.compiled`). Models it does
+not know (:func:`unsupported_reason`) fall back to ``generate``.
 
 One call may also decode rows of several policies at once (``adapters=``, a league tick's learner
 and snapshots): LoRA adapters as one mixed batch over the shared base (:class:`Projection`), or
@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agentrt.config import SamplingConfig
+from agentrt.rollout.compiled import CompiledStep, plain_plan, rotate_half
 
 COMPACT_FRACTION = 0.25  # drop finished rows once this share of the active batch has finished
 
@@ -84,17 +85,11 @@ def sample(probs: torch.Tensor) -> torch.Tensor:
 
 def _prefill_mask(valid: torch.Tensor) -> torch.Tensor:
     """[b, W] valid prompt keys -> [b, 1, W, W] causal attention mask over them. A pad query also
-    sees itself, so no row is empty: an empty row is NaN in SDPA, and NaN in a masked value
-    still poisons the matmul."""
+    sees itself: an empty row is NaN in SDPA, and a NaN masked value still poisons the matmul."""
     width = valid.shape[1]
     causal = torch.ones(width, width, dtype=torch.bool, device=valid.device).tril()
     eye = torch.eye(width, dtype=torch.bool, device=valid.device)
     return ((causal & valid[:, None, :]) | eye)[:, None]
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class StaticDecoder:
@@ -106,10 +101,12 @@ class StaticDecoder:
         eos_id: Ends a row.
         autocast_dtype: ``torch.bfloat16`` for bf16 autocast (the KV cache is kept in it too:
             autocast computes attention in it anyway), None for the model's dtype.
+        compile: Decode steps of one model's own weights through torch.compile
+            (:mod:`agentrt.rollout.compiled`; ``policy.compile``).
     """
 
     def __init__(self, model: nn.Module, pad_id: int, eos_id: int,
-                 autocast_dtype: torch.dtype | None = None) -> None:
+                 autocast_dtype: torch.dtype | None = None, compile: bool = False) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the static decoder cannot run this model: {reason}")
@@ -120,6 +117,8 @@ class StaticDecoder:
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.step = (CompiledStep(base_model(model).model, self.n_heads, self.n_kv, self.head_dim)
+                     if compile else None)
 
     @torch.inference_mode()
     def generate(self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingConfig,
@@ -196,6 +195,7 @@ class StaticDecoder:
                 logits = self._forward(plan, caches, ids, pos, 0,
                                        _prefill_mask(valid[:, :width]), mixed)
         pos = pos[:, -1:]
+        decode = self.step if self.step and order is None and plain_plan(plan) else self._forward
         for t in range(steps):
             token, logp = self._sample(logits, sampling)
             token = token.masked_fill(~alive, self.pad_id)  # finished rows emit pad
@@ -216,8 +216,8 @@ class StaticDecoder:
                 alive = alive[alive]
             pos = pos + 1
             with autocast:
-                logits = self._forward(plan, caches, token[:, None], pos, width + t,
-                                       valid[:, None, None, :width + t + 1], mixed)
+                logits = decode(plan, caches, token[:, None], pos, width + t,
+                                valid[:, None, None, :width + t + 1], mixed)
         if streamer is not None:
             streamer.end()
         return out[:, :t + 1], logps[:, :t + 1]
@@ -252,7 +252,7 @@ class StaticDecoder:
             y = qkv(in_norm(h, adapters), adapters)  # [b, s, (heads + 2 kv heads) x head_dim]
             qk_width = (self.n_heads + self.n_kv) * self.head_dim
             qk = y[..., :qk_width].view(b, s, -1, self.head_dim).transpose(1, 2)
-            qk = qk * cos + _rotate_half(qk) * sin  # rotary embedding of q and k at once
+            qk = qk * cos + rotate_half(qk) * sin  # rotary embedding of q and k at once
             q, k = qk[:, :self.n_heads], qk[:, self.n_heads:]
             k_cache[:, :, start:start + s] = k
             v_cache[:, :, start:start + s] = y[..., qk_width:].view(
