@@ -196,9 +196,10 @@ class LMPolicy:
         """The actions (and their turns) of the completions of ``tick``'s prompts."""
         version = self.version
         actions = tick.actions
-        for i, ids, comp in zip(tick.index, tick.prompts, completions):
+        texts = self.tokenizer.batch_decode([c.response_ids for c in completions],
+                                            skip_special_tokens=True)  # one call for the tick
+        for i, ids, comp, text in zip(tick.index, tick.prompts, completions, texts):
             req = requests[i]
-            text = self.tokenizer.decode(comp.response_ids, skip_special_tokens=True)
             turn = Turn(prompt_ids=ids, response_ids=list(comp.response_ids),
                         logprobs=list(comp.logprobs), role=req.agent, policy_id=self.policy_id,
                         policy_version=version, finished=bool(comp.finished),

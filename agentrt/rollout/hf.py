@@ -110,14 +110,12 @@ class HFRollout:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token (e.g. bos)")
         width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):  # left padding: generation continues at the right edge
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+        # left padding (generation continues at the right edge), one tensor from one list
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         if self.decoder is not None:
             new, logps = self.decoder.generate(ids, mask, s, streamer, adapters, frozen)
-            return [self._trim(new[i].tolist(), logps[i].tolist()) for i in range(len(prompts))]
+            return [self._trim(n, lp) for n, lp in zip(new.tolist(), logps.tolist())]
         greedy = s.temperature == 0.0
         gen_kwargs: dict[str, Any] = dict(
             max_new_tokens=s.max_new_tokens, do_sample=not greedy, pad_token_id=self.pad_id,
@@ -139,7 +137,7 @@ class HFRollout:
         new = res.sequences[:, width:]
         logits = torch.stack(res.logits, dim=1).float() / (1.0 if greedy else s.temperature)
         logps = token_logprobs(logits, new)
-        return [self._trim(new[i].tolist(), logps[i].tolist()) for i in range(len(prompts))]
+        return [self._trim(n, lp) for n, lp in zip(new.tolist(), logps.tolist())]
 
     def _trim(self, ids: list[int], logps: list[float]) -> Completion:
         if self.eos_id in ids:
