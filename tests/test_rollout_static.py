@@ -248,7 +248,7 @@ def test_mixed_adapter_batch_under_bf16_and_with_peft_layers_it_does_not_stack(t
     torch.testing.assert_close(torch.tensor([x for c in alone for x in c.logprobs[:1]]),
                                torch.tensor([x for c in mixed for x in c.logprobs[:1]]),
                                atol=0.05, rtol=0)
-    from agentrt.rollout.static import _stacked_lora
+    from agentrt.rollout.plan import _stacked_lora
 
     model, tokenizer = _adapters_model(tiny_model_dir, dropout=0.5)
     q_proj = model.base_model.model.model.layers[0].self_attn.q_proj
