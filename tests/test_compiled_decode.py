@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from agentrt.policies import build_model, load_model
 
 from agentrt.config import SamplingConfig
-from agentrt.policies import build_model, load_model
 from agentrt.rollout.compiled import plain_plan
 from agentrt.rollout.static import StaticDecoder
 
