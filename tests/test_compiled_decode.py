@@ -54,10 +54,16 @@ def test_compiled_decode_step_equals_the_eager_step(model, dtype):
         ids, mask = _prompts(tokenizer, n, seed)
         want, want_lp = eager.generate(ids, mask, greedy)
         got, got_lp = compiled.generate(ids, mask, greedy)
-        # bf16: rounding differs where inductor keeps fp32 between fused ops
-        atol = 1e-4 if dtype is None else 0.15
-        assert torch.equal(got, want) if dtype is None else (got == want).float().mean() > 0.9
-        assert torch.allclose(got_lp, want_lp, atol=atol), (got_lp - want_lp).abs().max()
+        if dtype is None:
+            assert torch.equal(got, want)
+            assert torch.allclose(got_lp, want_lp, atol=1e-4), (got_lp - want_lp).abs().max()
+        else:  # rounding differs where inductor keeps fp32 between fused ops: a near tie may
+            # pick another token, after which the rows differ; compare up to there
+            t = min(got.shape[1], want.shape[1])
+            same = (got[:, :t] == want[:, :t]).long().cumprod(dim=1).bool()
+            assert same.float().mean() > 0.8, same.float().mean()
+            gap = (got_lp[:, :t] - want_lp[:, :t])[same].abs().max()
+            assert gap < 0.15, gap
         torch.manual_seed(seed)
         want, want_lp = eager.generate(ids, mask, sampled)
         torch.manual_seed(seed)
