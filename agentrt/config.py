@@ -136,7 +136,7 @@ class PolicyConfig(Section):
         "(inductor, dynamic shapes), which fuses the model's element-wise ops: llama-small's "
         "update 1.5x faster on CPU after a one-off compile of about a minute at the first "
         "update (docs/performance.md); and the HF rollout's decode step (the static decoder, "
-        "batch and cache length dynamic): bf16 decode 1.3-1.5x faster after a compile of about "
+        "batch and cache length dynamic): bf16 decode 1.2-1.4x faster after a compile of about "
         "half a minute at the first rollout. No-grad log-prob passes stay eager. Full weights "
         "only.")
     trainable: bool = Field(True, description="False freezes the policy (opponents, snapshots).")
