@@ -103,14 +103,17 @@ def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float
     train, _ = make_splits("arithmetic", {"digits": 2, "ops": ["+"]}, a.batch, 8, 0)
     prompts = [encode_prompt(eng.tokenizer, ex.prompt) for ex in train[:a.batch]]
     eng.generate(prompts[:8])  # warm-up (and the decode step's compile)
-    if a.compile:  # the update's compile and the full batch's shapes, outside the timings
-        warm = eng.generate(prompts)
+
+    def grpo_batch(comps):  # groups of 8, rewards 0/1/2: the update's input, prepared
         batch = collate([Trajectory([Turn(p, c.response_ids, c.logprobs, reward=float(i % 3))],
                                     group_id=str(i // 8))
-                         for i, (p, c) in enumerate(zip(prompts, warm))], eng.pad_id)
+                         for i, (p, c) in enumerate(zip(prompts, comps))], eng.pad_id)
         eng.prepare(batch)
         eng.compute_advantages(batch)
-        eng.update(batch)
+        return batch
+
+    if a.compile:  # the update's compile and the full batch's shapes, outside the timings
+        eng.update(grpo_batch(eng.generate(prompts)))
     gen, upd = [], []
     for rep in range(a.reps):
         start = time.perf_counter()
@@ -119,12 +122,7 @@ def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float
         pos = [len(p) + i for p, c in zip(prompts, comps) for i in range(len(c.response_ids))]
         gen.append(forward_flops(eng.model, pos) / seconds)
         gen_tok = sum(len(c.response_ids) for c in comps) / seconds
-        trajs = [Trajectory([Turn(p, c.response_ids, c.logprobs, reward=float(i % 3))],
-                            group_id=str(i // 8))
-                 for i, (p, c) in enumerate(zip(prompts, comps))]
-        batch = collate(trajs, eng.pad_id)
-        eng.prepare(batch)
-        eng.compute_advantages(batch)
+        batch = grpo_batch(comps)
         start = time.perf_counter()
         if a.profile and rep == a.reps - 1:  # the op groups of one update (docs/performance.md)
             from torch.profiler import profile

@@ -17,6 +17,7 @@ RMSNorm statistics, queries rounded to the cache's dtype as SDPA under autocast 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,12 +25,7 @@ import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 from torch import nn
 
-
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm: fp32 statistics, the weight times the input-dtype result."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+from agentrt.rollout.plan import rms_norm
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -53,7 +49,7 @@ def _step_fn(inner: nn.Module, n_heads: int, n_kv: int, head_dim: int) -> Any:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         qk_width = (n_heads + n_kv) * head_dim
         for i, (k_cache, v_cache) in enumerate(zip(k_caches, v_caches)):
-            y = F.linear(_rms(h, norms[2 * i], eps), qkv[i])
+            y = F.linear(rms_norm(h, norms[2 * i], eps), qkv[i])
             qk = y[..., :qk_width].view(b, s, -1, head_dim).transpose(1, 2)
             qk = qk * cos + rotate_half(qk) * sin
             q, k = qk[:, :n_heads], qk[:, n_heads:]
@@ -67,9 +63,9 @@ def _step_fn(inner: nn.Module, n_heads: int, n_kv: int, head_dim: int) -> Any:
             p = scores.masked_fill(~attend, float("-inf")).softmax(-1)
             o = (p[..., None] * values[:, :, None]).sum(-2).to(k_cache.dtype)  # [b, heads, s, d]
             h = h + F.linear(o.transpose(1, 2).reshape(b, s, -1), o_proj[i])
-            gate, up = F.linear(_rms(h, norms[2 * i + 1], eps), gate_up[i]).chunk(2, dim=-1)
+            gate, up = F.linear(rms_norm(h, norms[2 * i + 1], eps), gate_up[i]).chunk(2, dim=-1)
             h = h + F.linear(act(gate) * up, down[i])
-        return F.linear(_rms(h[:, -1], final, eps), head)
+        return F.linear(rms_norm(h[:, -1], final, eps), head)
 
     return step
 
@@ -94,23 +90,28 @@ class CompiledStep:
     def __init__(self, inner: nn.Module, n_heads: int, n_kv: int, head_dim: int) -> None:
         self.fn = torch.compile(_step_fn(inner, n_heads, n_kv, head_dim))
 
-    def __call__(self, plan: Any, caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 tokens: torch.Tensor, pos: torch.Tensor, start: int, attend: torch.Tensor,
-                 adapters: None = None) -> torch.Tensor:
-        """``StaticDecoder._forward`` of a plain plan: logits of the last position [b, V]; writes
-        the new keys and values at ``start`` (``attend.shape[-1] - tokens.shape[1]``)."""
-        k_caches, v_caches = [k for k, _ in caches], [v for _, v in caches]
-        for x in (tokens, pos, attend, *k_caches, *v_caches):
-            torch._dynamo.maybe_mark_dynamic(x, 0)
-        torch._dynamo.maybe_mark_dynamic(attend, 3)
-        for x in (*k_caches, *v_caches):
-            torch._dynamo.maybe_mark_dynamic(x, 2)
+    def bind(self, plan: Any) -> Callable[..., torch.Tensor]:
+        """``StaticDecoder._forward`` for a plain ``plan`` (:func:`plain_plan`), its weights
+        gathered once for the generate call: ``(plan, caches, tokens, pos, start, attend,
+        adapters)`` -> logits of the last position [b, V]; writes the new keys and values at
+        ``start`` (``attend.shape[-1] - tokens.shape[1]``)."""
         layers = plan.layers
-        with fx_config.patch(use_duck_shape=False):  # batch 8 == 8 keys is a coincidence
-            return self.fn(tokens, pos, plan.embed.module.weight,
-                           [layer[i].module.weight for layer in layers for i in (0, 3)],
-                           [layer[1].weight for layer in layers],
-                           [layer[2].weight for layer in layers],
-                           [layer[4].weight for layer in layers],
-                           [layer[5].weight for layer in layers], plan.norm.module.weight,
-                           plan.head.weight, k_caches, v_caches, attend)
+        weights = (plan.embed.module.weight,
+                   [layer[i].module.weight for layer in layers for i in (0, 3)],
+                   [layer[1].weight for layer in layers], [layer[2].weight for layer in layers],
+                   [layer[4].weight for layer in layers], [layer[5].weight for layer in layers],
+                   plan.norm.module.weight, plan.head.weight)
+
+        def forward(_plan: Any, caches: list[tuple[torch.Tensor, torch.Tensor]],
+                    tokens: torch.Tensor, pos: torch.Tensor, _start: int, attend: torch.Tensor,
+                    _adapters: None = None) -> torch.Tensor:
+            k_caches, v_caches = [k for k, _ in caches], [v for _, v in caches]
+            for x in (tokens, pos, attend, *k_caches, *v_caches):
+                torch._dynamo.maybe_mark_dynamic(x, 0)
+            torch._dynamo.maybe_mark_dynamic(attend, 3)
+            for x in (*k_caches, *v_caches):
+                torch._dynamo.maybe_mark_dynamic(x, 2)
+            with fx_config.patch(use_duck_shape=False):  # batch 8 == 8 keys is a coincidence
+                return self.fn(tokens, pos, *weights, k_caches, v_caches, attend)
+
+        return forward

@@ -161,7 +161,12 @@ class GroupedNorm:
         self.weight, self.eps = torch.stack(weights), eps
 
     def __call__(self, x: torch.Tensor, rows: MixedRows) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         weight = self.weight[rows.group]
-        return (weight if x.dim() == 2 else weight[:, None]) * h.to(x.dtype)
+        return rms_norm(x, weight if x.dim() == 2 else weight[:, None], self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: fp32 statistics, the weight times the input-dtype result."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)

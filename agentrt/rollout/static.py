@@ -209,7 +209,8 @@ class StaticDecoder:
                 logits = self._forward(plan, caches, ids, pos, 0,
                                        _prefill_mask(valid[:, :width]), mixed)
         pos = pos[:, -1:]
-        decode = self.step if self.step and order is None and plain_plan(plan) else self._forward
+        decode = (self.step.bind(plan) if self.step and order is None and plain_plan(plan)
+                  else self._forward)
         for t in range(steps):
             token, logp = self._sample(logits, sampling)
             token = token.masked_fill(~alive, self.pad_id)  # finished rows emit pad
