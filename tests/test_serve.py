@@ -230,6 +230,11 @@ def test_hot_swap_under_200_concurrent_requests(server, weights):
                                                         temperature=0, stream=True)):
                 if n == 0:
                     rec["first_chunk_before_swap"] = not swap_started.is_set()
+                    if i in held and rec["first_chunk_before_swap"]:
+                        # read the rest only after the swap: these streams are in flight across
+                        # it (answered after it, bound to the old weights) however fast the
+                        # server answers everything else
+                        swap_done.wait(timeout=120)
                 parts.append(ch.choices[0].text)
                 fps.add(ch.system_fingerprint)
             assert len(fps) == 1  # one version for the whole stream
@@ -239,6 +244,8 @@ def test_hot_swap_under_200_concurrent_requests(server, weights):
         with lock:
             done_count[0] += 1
         return rec
+
+    held = {2, 5, 8}  # the first streams to model a
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(32) as pool:
