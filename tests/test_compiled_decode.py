@@ -92,3 +92,25 @@ def test_compiled_step_takes_plain_batches_only(model):
                               frozen={"b": snapshot})
     alone, _ = decoder.generate(ids[:2], mask[:2], greedy)
     assert torch.equal(out[:2, :alone.shape[1]], alone)
+
+
+def test_models_of_one_architecture_share_the_compiled_step(model, tmp_path):
+    """A league's policies of one architecture compile the decode step once: the second model
+    reuses the first one's graphs (the weights are the graph's inputs) and decodes with its
+    own weights."""
+    from torch._dynamo.utils import counters
+
+    first, tokenizer = model
+    other, _ = load_model(build_model(tmp_path / "other", "llama-tiny", seed=1))
+    ids, mask = _prompts(tokenizer, 6, 3)
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=5)
+    args = (tokenizer.pad_token_id, tokenizer.eos_token_id, None)
+    StaticDecoder(first, *args, compile=True).generate(ids, mask, greedy)
+    before = counters["stats"]["unique_graphs"]
+    got, got_lp = StaticDecoder(other.eval(), *args, compile=True).generate(ids, mask, greedy)
+    assert counters["stats"]["unique_graphs"] == before, dict(counters["stats"])
+    want, want_lp = StaticDecoder(other, *args).generate(ids, mask, greedy)
+    assert torch.equal(got, want)
+    assert torch.allclose(got_lp, want_lp, atol=1e-4)
+    _, mine_lp = StaticDecoder(first, *args).generate(ids, mask, greedy)
+    assert (mine_lp - want_lp).abs().max() > 1e-2  # the two models do decode differently

@@ -37,16 +37,14 @@ def _step_fn(inner: nn.Module, n_heads: int, n_kv: int, head_dim: int) -> Any:
     """The decode step of ``inner`` (a LlamaModel) as a function of tensors only."""
     eps = inner.norm.variance_epsilon
     scale = inner.layers[0].self_attn.scaling
-    act, rotary = inner.layers[0].mlp.act_fn, inner.rotary_emb
+    act = inner.layers[0].mlp.act_fn
     groups = n_heads // n_kv
 
-    def step(tokens, pos, embed, norms, qkv, o_proj, gate_up, down, final, head, k_caches,
+    def step(tokens, cos, sin, embed, norms, qkv, o_proj, gate_up, down, final, head, k_caches,
              v_caches, attend):
         b, s = tokens.shape
         start = attend.shape[-1] - s
         h = F.embedding(tokens, embed)
-        cos, sin = rotary(h, pos)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         qk_width = (n_heads + n_kv) * head_dim
         for i, (k_cache, v_cache) in enumerate(zip(k_caches, v_caches)):
             y = F.linear(rms_norm(h, norms[2 * i], eps), qkv[i])
@@ -89,6 +87,7 @@ class CompiledStep:
 
     def __init__(self, inner: nn.Module, n_heads: int, n_kv: int, head_dim: int) -> None:
         self.fn = torch.compile(_step_fn(inner, n_heads, n_kv, head_dim))
+        self.rotary = inner.rotary_emb
 
     def bind(self, plan: Any) -> Callable[..., torch.Tensor]:
         """``StaticDecoder._forward`` for a plain ``plan`` (:func:`plain_plan`), its weights
@@ -106,12 +105,15 @@ class CompiledStep:
                     tokens: torch.Tensor, pos: torch.Tensor, _start: int, attend: torch.Tensor,
                     _adapters: None = None) -> torch.Tensor:
             k_caches, v_caches = [k for k, _ in caches], [v for _, v in caches]
-            for x in (tokens, pos, attend, *k_caches, *v_caches):
+            # The rotary angles outside the graph: inside, inductor inlines their cos and sin
+            # into the loop over the cache's keys and evaluates them once per key.
+            cos, sin = (x.unsqueeze(1) for x in self.rotary(weights[0], pos))
+            for x in (tokens, cos, sin, attend, *k_caches, *v_caches):
                 torch._dynamo.maybe_mark_dynamic(x, 0)
             torch._dynamo.maybe_mark_dynamic(attend, 3)
             for x in (*k_caches, *v_caches):
                 torch._dynamo.maybe_mark_dynamic(x, 2)
             with fx_config.patch(use_duck_shape=False):  # batch 8 == 8 keys is a coincidence
-                return self.fn(tokens, pos, *weights, k_caches, v_caches, attend)
+                return self.fn(tokens, cos, sin, *weights, k_caches, v_caches, attend)
 
         return forward
