@@ -3,8 +3,10 @@
 Peak: the best GFLOP/s of fp32 and bf16 GEMMs of the sizes these models run (rows x hidden @
 hidden x intermediate, rows = the rollout batch and the update's tokens), with the same thread
 count. Rollout: one batched generate of ``--batch`` 2-digit addition prompts (the agentrt HF
-rollout); generated tokens/s x model FLOPs per generated token (2 x the weights of every linear
-layer, lm_head included, plus attention 4 x layers x width x the positions attended). Update: one
+rollout); the model FLOPs of the tokens it runs through the model (each distinct prompt's tokens
+once, the prefill; then every generated token but the last, the next step's input) per second;
+a token's FLOPs are 2 x the weights of every linear layer, lm_head included, plus attention
+4 x layers x width x the positions attended. Update: one
 GRPO update on that batch (forward + backward = 3 x the forward FLOPs of its real tokens, padding
 not counted) per second of the update. MFU = achieved / peak, printed against both peaks. Also
 the rate of one decode step's matmuls alone at the rollout's rows (the model's weights, in the
@@ -81,6 +83,14 @@ def forward_flops(model: nn.Module, positions: list[int]) -> float:
     return sum(lin + 4 * c.num_hidden_layers * width * (t + 1) for t in positions)
 
 
+def rollout_positions(prompts: list[list[int]], comps: list) -> list[int]:
+    """Positions of the tokens a generate call runs through the model: each distinct prompt's
+    once (rows of one prompt share their prefill), then every generated token but the last."""
+    return ([t for p in {tuple(p) for p in prompts} for t in range(len(p))]
+            + [len(p) + i for p, c in zip(prompts, comps)
+               for i in range(len(c.response_ids) - 1)])
+
+
 def lengths_of(batch) -> list[int]:
     return batch.attention_mask.sum(-1).tolist()
 
@@ -119,7 +129,7 @@ def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float
         start = time.perf_counter()
         comps = eng.generate(prompts)
         seconds = time.perf_counter() - start
-        pos = [len(p) + i for p, c in zip(prompts, comps) for i in range(len(c.response_ids))]
+        pos = rollout_positions(prompts, comps)
         gen.append(forward_flops(eng.model, pos) / seconds)
         gen_tok = sum(len(c.response_ids) for c in comps) / seconds
         batch = grpo_batch(comps)
