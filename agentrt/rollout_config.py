@@ -35,8 +35,9 @@ class VLLMConfig(ConfigModel):
     max_resident_adapters: int = Field(
         8, gt=0, description="Adapters kept loaded at once; the least recently used is evicted.")
     sleep: bool = Field(
-        True, description="Sleep the engine (free weights and KV cache) while training, where "
-        "the platform supports it (GPU); a no-op on CPU.")
+        True, description="Start the engine with sleep mode where the platform supports it "
+        "(GPU; VLLMRollout.sleep() then moves the weights to host memory and drops the KV cache). "
+        "The trainer does not call sleep() yet; a no-op on CPU.")
 
     @model_validator(mode="after")
     def _slots_fit(self) -> VLLMConfig:
