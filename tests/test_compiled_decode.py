@@ -1,7 +1,8 @@
 """policy.compile on the rollout: the static decoder's compiled decode step gives the eager
 step's tokens and log-probs, in fp32 and under bf16 autocast, with batches of other sizes, prompt
-widths and finished rows dropped mid-call compiled once; batches it does not run (mixed
-adapters, full-weight snapshots) stay eager."""
+widths and finished rows dropped mid-call compiled once; a second model of the same
+architecture reuses those graphs; batches it does not run (mixed adapters, full-weight
+snapshots) stay eager."""
 
 from __future__ import annotations
 
