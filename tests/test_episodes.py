@@ -109,3 +109,25 @@ def test_sigkill_leaves_whole_steps_and_resume_completes(tmp_path: Path,
     Trainer(validate_config(cfg)).run()  # the resume (in this process: no second start-up)
     Trainer(validate_config(config(tmp_path / "straight", nano_dir, steps))).run()
     assert rows(tmp_path / "run") == rows(tmp_path / "straight")
+
+
+def test_rows_written_with_shared_json_read_back_as_written(tmp_path: Path) -> None:
+    """A step's rows share the JSON text of equal prompts while it is written; each row still
+    reads back as its own episode, its lists and dicts as ``json.dumps`` writes them (ids that
+    are not all ints, a non-finite log-prob, a list in the sampling settings)."""
+    def episode(i: int, prompt: list) -> Episode:
+        return Episode(id=episode_id(3, i), step=3, idx=i, policy_id="p", policy_version=1,
+                       prompt="q", response="a", prompt_ids=prompt, response_ids=[i, 7],
+                       logprobs=[-0.5 * i, float("-inf")], reward=float(i),
+                       info={"answer": str(i)}, sampling={"temperature": 1.0, "stop": [5, i]},
+                       group_id=str(i // 2))
+
+    episodes = [episode(0, [1, 2]), episode(1, [1, 2]), episode(2, [1, 3]),
+                episode(3, [1.0, 3.0]), episode(4, [1, float("inf")])]
+    log = EpisodeLog(tmp_path)
+    log.append_step(3, episodes)
+    assert list(log) == episodes
+    columns = ("prompt_ids", "response_ids", "logprobs", "info", "sampling")
+    with sqlite3.connect(tmp_path / EPISODES) as conn:
+        texts = conn.execute(f"SELECT {', '.join(columns)} FROM episodes ORDER BY idx").fetchall()
+    assert texts == [tuple(json.dumps(getattr(e, c)) for c in columns) for e in episodes]
