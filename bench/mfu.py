@@ -130,7 +130,8 @@ def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float
         comps = eng.generate(prompts)
         seconds = time.perf_counter() - start
         pos = rollout_positions(prompts, comps)
-        gen.append(forward_flops(eng.model, pos) / seconds)
+        flops = forward_flops(eng.model, pos)
+        gen.append(flops / seconds)
         gen_tok = sum(len(c.response_ids) for c in comps) / seconds
         batch = grpo_batch(comps)
         start = time.perf_counter()
@@ -147,7 +148,7 @@ def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float
         lengths = lengths_of(batch)
         upd.append(3 * forward_flops(eng.model, [t for n in lengths for t in range(n)]) / seconds)
         if rep == 0:
-            per_token = forward_flops(eng.model, pos) / len(pos)
+            per_token = flops / len(pos)
     return {"rollout_gflops": statistics.median(gen) / 1e9,
             "decode_gemm_gflops": decode_gemm_rate(eng.model, a.batch, a.reps, DTYPES[a.dtype]),
             "update_gflops": statistics.median(upd) / 1e9,

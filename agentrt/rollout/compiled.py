@@ -106,7 +106,8 @@ class CompiledStep:
                     _adapters: None = None) -> torch.Tensor:
             k_caches, v_caches = [k for k, _ in caches], [v for _, v in caches]
             # The rotary angles outside the graph: inside, inductor inlines their cos and sin
-            # into the loop over the cache's keys and evaluates them once per key.
+            # into the loop over the cache's keys and evaluates them once per key. (The
+            # embedding weight gives them its dtype, that of the eager step's hidden states.)
             cos, sin = (x.unsqueeze(1) for x in self.rotary(weights[0], pos))
             for x in (tokens, cos, sin, attend, *k_caches, *v_caches):
                 torch._dynamo.maybe_mark_dynamic(x, 0)
