@@ -25,6 +25,7 @@ import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 from torch import nn
 
+from agentrt.rollout import kernels, packed
 from agentrt.rollout.plan import rms_norm
 
 
@@ -34,7 +35,14 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _step_fn(inner: nn.Module, n_heads: int, n_kv: int, head_dim: int) -> Any:
-    """The decode step of ``inner`` (a LlamaModel) as a function of tensors only."""
+    """The decode step of ``inner`` (a LlamaModel) as a function of tensors only; on CPU its
+    projections run through the call's packed weights (:func:`packed.packed_linear`)."""
+    cpu = inner.embed_tokens.weight.device.type == "cpu"
+    op = packed.packed_linear if cpu else F.linear
+    fused = cpu and kernels.available()  # attention over the cache as one C++ kernel
+
+    def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return op(x.to(weight.dtype), weight)  # the cast fused into the op before, as autocast
     eps = inner.norm.variance_epsilon
     scale = inner.layers[0].self_attn.scaling
     act = inner.layers[0].mlp.act_fn
@@ -47,23 +55,26 @@ def _step_fn(inner: nn.Module, n_heads: int, n_kv: int, head_dim: int) -> Any:
         h = F.embedding(tokens, embed)
         qk_width = (n_heads + n_kv) * head_dim
         for i, (k_cache, v_cache) in enumerate(zip(k_caches, v_caches)):
-            y = F.linear(rms_norm(h, norms[2 * i], eps), qkv[i])
+            y = linear(rms_norm(h, norms[2 * i], eps), qkv[i])
             qk = y[..., :qk_width].view(b, s, -1, head_dim).transpose(1, 2)
             qk = qk * cos + rotate_half(qk) * sin
             q, k = qk[:, :n_heads], qk[:, n_heads:]
             k_cache[:, :, start:start + s] = k
             v_cache[:, :, start:start + s] = y[..., qk_width:].view(
                 b, s, n_kv, head_dim).transpose(1, 2)
-            keys = k_cache[:, :, :start + s].repeat_interleave(groups, 1).float()
-            values = v_cache[:, :, :start + s].repeat_interleave(groups, 1).float()
-            q = q.to(k_cache.dtype).float()  # [b, heads, s, d]; as SDPA sees it under autocast
-            scores = (q[:, :, :, None] * keys[:, :, None]).sum(-1) * scale  # [b, heads, s, keys]
-            p = scores.masked_fill(~attend, float("-inf")).softmax(-1)
-            o = (p[..., None] * values[:, :, None]).sum(-2).to(k_cache.dtype)  # [b, heads, s, d]
-            h = h + F.linear(o.transpose(1, 2).reshape(b, s, -1), o_proj[i])
-            gate, up = F.linear(rms_norm(h, norms[2 * i + 1], eps), gate_up[i]).chunk(2, dim=-1)
-            h = h + F.linear(act(gate) * up, down[i])
-        return F.linear(rms_norm(h[:, -1], final, eps), head)
+            q = q.to(k_cache.dtype)  # [b, heads, s, d]; as SDPA sees it under autocast
+            if fused:
+                o = kernels.cache_attention(q, k_cache, v_cache, attend, scale)
+            else:
+                keys = k_cache[:, :, :start + s].repeat_interleave(groups, 1).float()
+                values = v_cache[:, :, :start + s].repeat_interleave(groups, 1).float()
+                scores = (q.float()[:, :, :, None] * keys[:, :, None]).sum(-1) * scale
+                p = scores.masked_fill(~attend, float("-inf")).softmax(-1)  # [b, heads, s, keys]
+                o = (p[..., None] * values[:, :, None]).sum(-2).to(k_cache.dtype)
+            h = h + linear(o.transpose(1, 2).reshape(b, s, -1), o_proj[i])
+            gate, up = linear(rms_norm(h, norms[2 * i + 1], eps), gate_up[i]).chunk(2, dim=-1)
+            h = h + linear(act(gate) * up, down[i])
+        return linear(rms_norm(h[:, -1], final, eps), head)
 
     return step
 
@@ -95,6 +106,8 @@ class CompiledStep:
         adapters)`` -> logits of the last position [b, V]; writes the new keys and values at
         ``start`` (``attend.shape[-1] - tokens.shape[1]``)."""
         layers = plan.layers
+        packs = {p.weight.data_ptr(): p.packed for p in [plan.head]
+                 + [layer[i] for layer in layers for i in (1, 2, 4, 5)] if p.packed is not None}
         weights = (plan.embed.module.weight,
                    [layer[i].module.weight for layer in layers for i in (0, 3)],
                    [layer[1].weight for layer in layers], [layer[2].weight for layer in layers],
@@ -114,7 +127,8 @@ class CompiledStep:
             torch._dynamo.maybe_mark_dynamic(attend, 3)
             for x in (*k_caches, *v_caches):
                 torch._dynamo.maybe_mark_dynamic(x, 2)
-            with fx_config.patch(use_duck_shape=False):  # batch 8 == 8 keys is a coincidence
+            with fx_config.patch(use_duck_shape=False), packed.using(packs):
+                # (use_duck_shape: batch 8 == 8 keys is a coincidence)
                 return self.fn(tokens, cos, sin, *weights, k_caches, v_caches, attend)
 
         return forward

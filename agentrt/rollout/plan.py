@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agentrt.rollout import packed
+
 
 class MixedRows:
     """The rows of a mixed-adapter batch (``adapters[i]``: row i's LoRA adapter, ``order``:
@@ -65,22 +67,27 @@ class Projection:
     as its base layer over all rows plus, per adapter, ``x A^T (B^T scaling)`` of its rows: A and
     B of every adapter stacked once per call (ranks zero-padded to the largest), two batched
     matmuls over the rows laid out by :class:`MixedRows` instead of a loop over adapters. Other
-    peft layers (DoRA, dropout while training, merged) run peft's own mixed batch."""
+    peft layers (DoRA, dropout while training, merged) run peft's own mixed batch.
+
+    On CPU the concatenated weight is also packed for oneDNN (:mod:`agentrt.rollout.packed`,
+    ``rows``: about how many rows a call runs)."""
 
     def __init__(self, modules: list[nn.Module], dtype: torch.dtype,
-                 adapters: list[str] | None = None) -> None:
+                 adapters: list[str] | None = None, rows: int = 256) -> None:
         self.modules = modules
         self.weight: torch.Tensor | None = None
+        self.packed: torch.Tensor | None = None
         if all(type(m) is nn.Linear for m in modules) and len(
                 {m.bias is None for m in modules}) == 1:
-            self.weight = torch.cat([m.weight for m in modules]).to(dtype)
+            self.weight = torch.cat([m.weight for m in modules]).to(dtype).detach()
             self.bias = (None if modules[0].bias is None
-                         else torch.cat([m.bias for m in modules]).to(dtype))
+                         else torch.cat([m.bias for m in modules]).to(dtype).detach())
+            self.packed = packed.pack(self.weight, rows)
         self.lora = [_stacked_lora(m, adapters, dtype) if adapters else None for m in modules]
 
     def __call__(self, x: torch.Tensor, adapters: MixedRows | None = None) -> torch.Tensor:
         if self.weight is not None:
-            return F.linear(x, self.weight, self.bias)
+            return packed.linear(x, self.weight, self.packed, self.bias)
         outs = []
         for m, lora in zip(self.modules, self.lora):
             if adapters is None or lora is None:

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agentrt.config import SamplingConfig
+from agentrt.rollout import kernels
 from agentrt.rollout.compiled import CompiledStep, plain_plan, rotate_half
 from agentrt.rollout.plan import GroupedLinear, GroupedNorm, MixedRows, Projection, _Module
 
@@ -171,7 +172,7 @@ class StaticDecoder:
                                   enabled=self.autocast_dtype is not None)
         kv_dtype = self.autocast_dtype or inner.embed_tokens.weight.dtype
         order = None if adapters is None else {a: k for k, a in enumerate(dict.fromkeys(adapters))}
-        plan = (self._plan(kv_dtype, order) if frozen is None else
+        plan = (self._plan(kv_dtype, order, batch) if frozen is None else
                 self._grouped_plan(kv_dtype, list(order or ()), frozen, device))
         caches = [tuple(torch.empty(batch, self.n_kv, width + steps, self.head_dim,
                                     dtype=kv_dtype, device=device) for _ in "kv")
@@ -272,30 +273,38 @@ class StaticDecoder:
             k_cache[:, :, start:start + s] = k
             v_cache[:, :, start:start + s] = y[..., qk_width:].view(
                 b, s, self.n_kv, self.head_dim).transpose(1, 2)
-            o = F.scaled_dot_product_attention(
-                q, k_cache[:, :, :start + s], v_cache[:, :, :start + s], attn_mask=attend,
-                scale=layer.self_attn.scaling, enable_gqa=groups > 1)
+            if kernels.runs(q, k_cache):
+                o = kernels.cache_attention(q.to(k_cache.dtype), k_cache, v_cache, attend,
+                                            layer.self_attn.scaling)
+            else:
+                o = F.scaled_dot_product_attention(
+                    q, k_cache[:, :, :start + s], v_cache[:, :, :start + s], attn_mask=attend,
+                    scale=layer.self_attn.scaling, enable_gqa=groups > 1)
             h = h + o_proj(o.transpose(1, 2).reshape(b, s, -1), adapters)
             gate, up = gate_up(post_norm(h, adapters), adapters).chunk(2, dim=-1)
             h = h + down(layer.mlp.act_fn(gate) * up, adapters)
         return plan.head(plan.norm(h[:, -1], adapters), adapters)
 
-    def _plan(self, dtype: torch.dtype, order: dict[str, int] | None = None) -> Plan:
+    def _plan(self, dtype: torch.dtype, order: dict[str, int] | None = None,
+              rows: int = 256) -> Plan:
         """Per layer the q/k/v, o, gate/up and down projections as this call computes them, and
-        the LM head (``order``: the adapters of a mixed batch, see :class:`Projection`)."""
+        the LM head (``order``: the adapters of a mixed batch, see :class:`Projection`; ``rows``:
+        the call's batch)."""
         base = base_model(self.model)
         names = list(order or ())
         layers = []
+
+        def proj(*modules: nn.Module) -> Projection:
+            return Projection(list(modules), dtype, names, rows)
+
         for layer in base.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             layers.append((_Module(layer.input_layernorm),
-                           Projection([attn.q_proj, attn.k_proj, attn.v_proj], dtype, names),
-                           Projection([attn.o_proj], dtype, names),
+                           proj(attn.q_proj, attn.k_proj, attn.v_proj), proj(attn.o_proj),
                            _Module(layer.post_attention_layernorm),
-                           Projection([mlp.gate_proj, mlp.up_proj], dtype, names),
-                           Projection([mlp.down_proj], dtype, names)))
+                           proj(mlp.gate_proj, mlp.up_proj), proj(mlp.down_proj)))
         return Plan(_Module(base.model.embed_tokens, lora=True), layers,
-                    _Module(base.model.norm), Projection([base.lm_head], dtype, names))
+                    _Module(base.model.norm), proj(base.lm_head))
 
     def _grouped_plan(self, dtype: torch.dtype, names: list[str],
                       frozen: dict[str, dict[str, torch.Tensor]], device: torch.device) -> Plan:

@@ -1,0 +1,122 @@
+"""The rollout's CPU kernels: the cache attention kernel equals softmax attention written as
+tensor ops (fp32 and bf16, grouped heads, masked keys, a cache longer than the keys read, one
+decode query or a prefill's causal queries, head sizes on and off the vector path); the packed
+oneDNN linear equals ``F.linear``; and a generate, eager or compiled, runs both (the profiler
+sees them, and no MKL matmul or SDPA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.profiler import profile
+
+from agentrt.config import SamplingConfig
+from agentrt.policies import build_model, load_model
+from agentrt.rollout import kernels, packed
+from agentrt.rollout.static import StaticDecoder
+
+
+def _reference(q, k_cache, v_cache, attend, scale):
+    """Softmax attention as tensor ops, fp32: q [b, heads, s, d], attend [b, 1, s, keys]."""
+    keys, groups = attend.shape[-1], q.shape[1] // k_cache.shape[1]
+    k = k_cache[:, :, :keys].repeat_interleave(groups, 1).float()
+    v = v_cache[:, :, :keys].repeat_interleave(groups, 1).float()
+    scores = q.float() @ k.transpose(-1, -2) * scale  # [b, heads, s, keys]
+    return scores.masked_fill(~attend, float("-inf")).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,d", [(4, 4, 64), (4, 2, 64), (2, 1, 128), (3, 3, 40)])
+@pytest.mark.parametrize("queries", [1, 3])
+def test_cache_attention_equals_softmax_attention(dtype, heads, kv_heads, d, queries):
+    assert kernels.available()
+    g = torch.Generator().manual_seed(heads * d + queries)
+    b, capacity, keys = 5, 23, 17
+    k_cache, v_cache = (torch.randn(b, kv_heads, capacity, d, generator=g).to(dtype)
+                        for _ in "kv")
+    q = torch.randn(b, heads, queries, d, generator=g).to(dtype)
+    valid = torch.rand(b, capacity, generator=g) > 0.3
+    valid[:, keys - queries:keys] = True  # each query sees its own new key
+    valid[0, :keys - queries] = False  # and may see nothing older
+    if queries == 1:
+        attend = valid[:, None, None, :keys]  # a view, as a decode step passes it
+    else:  # causal over the step's own keys, as a prefill passes it
+        causal = torch.ones(queries, keys, dtype=torch.bool).tril(keys - queries)
+        attend = (valid[:, None, :keys] & causal)[:, None]
+    got = kernels.cache_attention(q, k_cache, v_cache, attend, d ** -0.5)
+    want = _reference(q, k_cache, v_cache, attend, d ** -0.5)
+    assert got.dtype == dtype and got.shape == q.shape
+    assert torch.allclose(got.float(), want, atol=1e-5 if dtype == torch.float32 else 1e-2), \
+        (got.float() - want).abs().max()
+    # keys past attend.shape[-1] are never read
+    k_cache[:, :, keys:], v_cache[:, :, keys:] = float("nan"), float("nan")
+    assert torch.equal(kernels.cache_attention(q, k_cache, v_cache, attend, d ** -0.5), got)
+    # row 0's first query sees only its own key: its output is that key's value
+    own = v_cache[0, torch.arange(heads) // (heads // kv_heads), keys - queries]
+    assert torch.equal(got[0, :, 0], own)
+
+
+def test_cache_attention_refuses_what_it_cannot_run():
+    q, cache = torch.randn(2, 4, 1, 64), torch.randn(2, 4, 9, 64)
+    attend = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        kernels.cache_attention(q.bfloat16(), cache, cache, attend, 0.125)
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        kernels.cache_attention(q, cache, cache, torch.ones(2, 1, 1, 10, dtype=torch.bool),
+                                0.125)
+    with pytest.raises(RuntimeError, match="contiguous caches"):
+        kernels.cache_attention(q, cache.transpose(2, 3), cache.transpose(2, 3), attend, 0.125)
+    with pytest.raises(RuntimeError, match="fp32 or bf16"):
+        kernels.cache_attention(q.half(), cache.half(), cache.half(), attend, 0.125)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_equals_f_linear(dtype):
+    g = torch.Generator().manual_seed(0)
+    w, bias = torch.randn(96, 48, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    x = torch.randn(3, 7, 48, generator=g)  # fp32 activations, as under autocast
+    p = packed.pack(w, 21)
+    assert p is not None
+    want = F.linear(x.to(dtype), w, bias)
+    got = packed.linear(x, w, p, bias)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert torch.allclose(got.float(), want.float(), atol=1e-4, rtol=1e-2 if
+                          dtype == torch.bfloat16 else 1e-5)
+    # the operator the compiled step calls: through the pack where using() holds one for the
+    # weight, plain F.linear where it holds none
+    with packed.using({w.data_ptr(): p}):
+        assert torch.equal(packed.packed_linear(x, w), packed.linear(x, w, p))
+    assert torch.equal(packed.packed_linear(x, w), F.linear(x.to(dtype), w))
+
+
+def test_pack_declines_what_onednn_does_not_run():
+    assert packed.pack(torch.randn(4, 4, requires_grad=True), 8) is None  # a training weight
+    assert packed.pack(torch.randn(4, 4).half(), 8) is None
+    assert packed.pack(torch.randn(4), 8) is None
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    model, tokenizer = load_model(build_model(tmp_path_factory.mktemp("m") / "m", "llama-tiny",
+                                              seed=0))
+    return model.eval(), tokenizer
+
+
+@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_generate_runs_the_kernel_and_the_packed_linears(tiny, compile, dtype):
+    model, tokenizer = tiny
+    decoder = StaticDecoder(model, tokenizer.pad_token_id, -1, autocast_dtype=dtype,
+                            compile=compile)
+    ids = torch.randint(3, 250, (6, 5), generator=torch.Generator().manual_seed(0))
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=4)
+    decoder.generate(ids, torch.ones_like(ids), sampling)  # compiles
+    with profile() as prof:
+        decoder.generate(ids, torch.ones_like(ids), sampling)
+    calls = {e.key: e.count for e in prof.key_averages()}
+    layers = len(model.model.layers)
+    assert calls.get("agentrt_kernels::cache_attention") == (1 + 3) * layers  # prefill, 3 steps
+    assert calls.get("mkldnn::_linear_pointwise") == (1 + 3) * (4 * layers + 1)
+    assert not {"aten::mm", "aten::addmm", "aten::bmm",
+                "aten::scaled_dot_product_attention"} & set(calls), calls
