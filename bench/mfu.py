@@ -1,17 +1,18 @@
 """Model FLOPs utilisation of rollout and update against a matmul peak measured in the same run.
 
-Peak: the best GFLOP/s of fp32 and bf16 GEMMs of the sizes these models run (rows x hidden @
-hidden x intermediate, rows = the rollout batch and the update's tokens), with the same thread
-count. Rollout: one batched generate of ``--batch`` 2-digit addition prompts (the agentrt HF
-rollout); the model FLOPs of the tokens it runs through the model (each distinct prompt's tokens
-once, the prefill; then every generated token but the last, the next step's input) per second;
-a token's FLOPs are 2 x the weights of every linear layer, lm_head included, plus attention
-4 x layers x width x the positions attended. Update: one
-GRPO update on that batch (forward + backward = 3 x the forward FLOPs of its real tokens, padding
-not counted) per second of the update. MFU = achieved / peak, printed against both peaks. Also
-the rate of one decode step's matmuls alone at the rollout's rows (the model's weights, in the
-dtype its matmuls run in): the most a decode loop could reach were attention, norms and sampling
-free.
+Peak: the best GFLOP/s of fp32 and bf16 GEMMs of the sizes these models run (rows x hidden @ hidden
+x intermediate, rows = the rollout batch and the update's tokens), with the same thread count,
+through each GEMM torch has on a CPU: ``a @ b`` (MKL for fp32, which takes its AVX2 path on AMD
+CPUs) and oneDNN's inner product over a weight packed once (twice MKL's fp32 rate on an AMD EPYC;
+:mod:`agentrt.rollout.packed`). Rollout: one batched generate of ``--batch`` 2-digit addition
+prompts (the agentrt HF rollout); the model FLOPs of the tokens it runs through the model (each
+distinct prompt's tokens once, the prefill; then every generated token but the last, the next
+step's input) per second; a token's FLOPs are 2 x the weights of every linear layer, lm_head
+included, plus attention 4 x layers x width x the positions attended. Update: one GRPO update on
+that batch (forward + backward = 3 x the forward FLOPs of its real tokens, padding not counted) per
+second of the update. MFU = achieved / peak, printed against both peaks. Also the rate of one
+decode step's matmuls alone at the rollout's rows (the model's weights, in the dtype its matmuls
+run in): the most a decode loop could reach were attention, norms and sampling free.
 
 Run: ``.venv/bin/python bench/mfu.py [--models llama-small,llama-tiny] [--batch 256]
 [--tokens 32] [--threads 2] [--dtype fp32|bf16] [--compile] [--reps 3] [--profile]``
@@ -31,6 +32,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from agentrt.rollout.packed import linear, pack
+
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -49,25 +52,35 @@ def best_rate(run, flops: float, reps: int) -> float:
     return best
 
 
-def gemm_peak(dtype: torch.dtype, shapes: list[tuple[int, int, int]], reps: int) -> float:
-    """Best GFLOP/s of ``m x k @ k x n`` over ``shapes`` (each warmed up, best of ``reps``)."""
-    best = 0.0
+def gemm_peak(dtype: torch.dtype, shapes: list[tuple[int, int, int]], reps: int
+              ) -> tuple[float, str]:
+    """Best GFLOP/s of ``m x k @ k x n`` over ``shapes`` and torch's CPU GEMMs (each warmed up,
+    best of ``reps``), and the GEMM that reached it."""
+    best = (0.0, "")
     for m, k, n in shapes:
-        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-        best = max(best, best_rate(lambda: a @ b, 2 * m * k * n, reps))
+        a, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
+        packed = pack(w, m)
+        runs = {"matmul": lambda: a @ w.T, "oneDNN packed": lambda: linear(a, w, packed)}
+        for name, run in runs.items():
+            if name == "matmul" or packed is not None:
+                best = max(best, (best_rate(run, 2 * m * k * n, reps), name))
     return best
 
 
 def decode_gemm_rate(model: nn.Module, rows: int, reps: int, dtype: torch.dtype) -> float:
     """GFLOP/s of one decode step's linear layers alone, at ``rows`` rows (each weight's
     ``rows x in @ in x out`` in ``dtype``, the one the rollout's matmuls run in, timed back to
-    back, best of ``reps``): the rate a decode step would reach if everything but its matmuls
-    (attention over the cache, norms, sampling) were free."""
+    back, best of ``reps`` and of ``F.linear`` and the packed oneDNN linear): the rate a decode
+    step would reach if everything but its matmuls (attention over the cache, norms, sampling)
+    were free."""
     ws = [m.weight.detach().to(dtype) for m in model.modules() if isinstance(m, nn.Linear)]
     xs = [torch.randn(rows, w.shape[1], dtype=w.dtype) for w in ws]
+    packs = [pack(w, rows) for w in ws]
     with torch.inference_mode():
-        return best_rate(lambda: [torch.nn.functional.linear(x, w) for x, w in zip(xs, ws)],
-                         2 * rows * linear_weights(model), reps)
+        return max(best_rate(lambda: [linear(x, w, p if packed else None)
+                                      for x, w, p in zip(xs, ws, packs)],
+                             2 * rows * linear_weights(model), reps)
+                   for packed in (False, True))
 
 
 def linear_weights(model: nn.Module) -> int:
@@ -174,11 +187,13 @@ def main() -> None:
     keep_freed_memory()  # as every agentrt run's controller does (runtime.keep_freed_memory)
     shapes = [(a.batch, 256, 1024), (a.batch, 1024, 256), (a.batch, 128, 512),
               (4096, 256, 1024), (4096, 1024, 256)]
-    peaks = {"fp32": gemm_peak(torch.float32, shapes, a.reps),
-             "bf16": gemm_peak(torch.bfloat16, shapes, a.reps)}
+    best = {"fp32": gemm_peak(torch.float32, shapes, a.reps),
+            "bf16": gemm_peak(torch.bfloat16, shapes, a.reps)}
+    peaks = {name: rate for name, (rate, _) in best.items()}
     print(f"cpus {os.cpu_count()}, threads {a.threads}, load average "
-          f"{os.getloadavg()[0]:.1f}; matmul peak fp32 {peaks['fp32']:.0f} GFLOP/s, bf16 "
-          f"{peaks['bf16']:.0f} GFLOP/s; model dtype {a.dtype}{', compiled' * a.compile}, "
+          f"{os.getloadavg()[0]:.1f}; matmul peak fp32 {peaks['fp32']:.0f} GFLOP/s "
+          f"({best['fp32'][1]}), bf16 {peaks['bf16']:.0f} GFLOP/s ({best['bf16'][1]}); "
+          f"model dtype {a.dtype}{', compiled' * a.compile}, "
           f"rollout batch {a.batch}, "
           f"{a.tokens} new tokens")
     with tempfile.TemporaryDirectory() as tmp:
