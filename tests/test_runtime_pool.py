@@ -111,9 +111,12 @@ def test_kill_9_of_a_worker_mid_run_loses_no_trajectory(pool, tiny_model_dir, ca
     start_version, victim = pool.version, pool.pids[1]
     metrics = []
     with caplog.at_level(logging.WARNING, logger="agentrt.pool"):
+        kill = threading.Timer(0.2, os.kill, (victim, signal.SIGKILL))
         for step, trajs in enumerate(batches):
             if step == 2:  # kill -9 while step 2 is in flight (or just before it starts)
-                threading.Timer(0.2, os.kill, (victim, signal.SIGKILL)).start()
+                kill.start()
+            if step == 3:  # or, where step 2 took less than 0.2 s, before step 3 starts
+                kill.join()
             metrics.append(pool.train(trajs))
             local.train(trajs)
     assert victim not in pool.pids and pool.worker_restarts == 1
