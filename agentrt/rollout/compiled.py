@@ -1,13 +1,13 @@
 """The static decoder's decode step through torch.compile (``policy.compile``).
 
 An eager decode step of a small model is mostly not matmuls: per layer two RMSNorms, the rotary
-embedding, the cache writes, SDPA over the cache, the residual adds and SiLU-times-up are each
-one or more kernels, and SDPA's CPU flash kernel pays two small GEMM calls for every row and head
-of a one-token query. Compiled (inductor, the batch and the cache length dynamic), the step is its
-matmuls plus a few fused loops, and attention over the cache is two fused reductions (scores, then
-the weighted sum of values) with an fp32 accumulator. llama-small, 256 rows, 32 new tokens: bf16
-0.49 -> 0.34-0.38 s a generate call, llama-tiny 0.15 -> 0.10 s; fp32 0.68 -> 0.61 s
-(docs/performance.md).
+embedding, the cache writes, attention over the cache, the residual adds and SiLU-times-up are
+each one or more kernels. Compiled (inductor, the batch and the cache length dynamic), the step
+is its matmuls plus a few fused loops: on CPU the matmuls are oneDNN's over the call's packed
+weights (:mod:`agentrt.rollout.packed`) and attention is the C++ kernel of
+:mod:`agentrt.rollout.kernels` (where it could not be built, two fused reductions, scores then
+the weighted sum of values, with fp32 accumulators). llama-small, 256 rows, 32 new tokens, on an
+AMD EPYC: 440-465 GFLOP/s bf16, 275 fp32 (docs/performance.md).
 
 It runs the plain plan only: one model's own weights (no mixed LoRA adapters, no full-weight
 snapshots), every projection a bias-free ``nn.Linear``; other batches run the eager step. The
@@ -42,7 +42,9 @@ def _step_fn(inner: nn.Module, n_heads: int, n_kv: int, head_dim: int) -> Any:
     fused = cpu and kernels.available()  # attention over the cache as one C++ kernel
 
     def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return op(x.to(weight.dtype), weight)  # the cast fused into the op before, as autocast
+        # autocast's cast of the input, in the graph: inductor fuses it into the op that made x
+        return op(x.to(weight.dtype), weight)
+
     eps = inner.norm.variance_epsilon
     scale = inner.layers[0].self_attn.scaling
     act = inner.layers[0].mlp.act_fn
