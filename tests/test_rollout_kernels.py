@@ -6,6 +6,10 @@ sees them, and no MKL matmul or SDPA)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -55,6 +59,21 @@ def test_cache_attention_equals_softmax_attention(dtype, heads, kv_heads, d, que
     # row 0's first query sees only its own key: its output is that key's value
     own = v_cache[0, torch.arange(heads) // (heads // kv_heads), keys - queries]
     assert torch.equal(got[0, :, 0], own)
+
+
+def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_process(tmp_path):
+    """torch's loader waits forever on the lock file of a build whose process was killed; the
+    kernel is built in a folder of the process's own and moved into place, then loaded as is."""
+    code = ("import pathlib, sys; from torch.utils import cpp_extension; "
+            "from agentrt.rollout import kernels; "
+            "d = pathlib.Path(cpp_extension._get_build_directory(kernels.build_name(), False)); "
+            "(d / 'lock').touch(); print(kernels.available(), sorted(p.name for p in d.iterdir()))")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    for _ in range(2):  # builds, then loads the build
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert out.stdout.startswith("True"), out.stderr[-2000:]
+    assert f"{kernels.build_name()}.so" in out.stdout and "tmp" not in out.stdout, out.stdout
 
 
 def test_cache_attention_refuses_what_it_cannot_run():

@@ -18,7 +18,10 @@ SDPA, the compiled step its tensor-op attention.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
+import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -35,16 +38,34 @@ def available() -> bool:
         return _load()
 
 
+def build_name() -> str:
+    """The extension's name: one per source and instruction set."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    return f"agentrt_cache_attention_{torch.backends.cpu.get_cpu_capability().lower()}_{digest}"
+
+
 @functools.cache
 def _load() -> bool:
     from torch.utils import cpp_extension
 
-    # -march=native: one build per instruction set (a shared home directory may see others)
-    name = f"agentrt_cache_attention_{torch.backends.cpu.get_cpu_capability().lower()}"
+    # One build per source and instruction set (-march=native; a shared home directory may
+    # see other CPUs). Each process that finds no build makes its own in a folder of its own
+    # and moves the library into place: torch's loader guards its shared build folder with a
+    # lock file that a process killed mid-build (kill -9 of a worker) leaves behind, and every
+    # later load waits on it forever.
+    name = build_name()
     try:
-        cpp_extension.load(name=name, sources=[str(SOURCE)],
-                           extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                           extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        folder = Path(cpp_extension._get_build_directory(name, verbose=False))
+        built = folder / f"{name}.so"
+        if built.exists():
+            torch.ops.load_library(str(built))
+        else:
+            with tempfile.TemporaryDirectory(dir=folder) as own:
+                cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=own,
+                                   extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                                   extra_ldflags=["-fopenmp"], is_python_module=False,
+                                   verbose=False)
+                os.replace(Path(own) / f"{name}.so", built)
     except Exception as e:  # no compiler, no ninja: SDPA and the tensor-op attention still run
         log.warning("the cache attention kernel was not built (%s: %s); attention runs as "
                     "SDPA or tensor ops", type(e).__name__, e)
