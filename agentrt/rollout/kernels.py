@@ -17,7 +17,6 @@ SDPA, the compiled step its tensor-op attention.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
@@ -30,12 +29,17 @@ import torch
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cache_attention.cpp")
 _lock = threading.Lock()
+_loaded: list[bool] = []  # the first call's answer, read without the lock afterwards
 
 
 def available() -> bool:
-    """Whether ``torch.ops.agentrt_kernels.cache_attention`` is loaded (built on first call)."""
-    with _lock:  # a library registers its operators once per process
-        return _load()
+    """Whether ``torch.ops.agentrt_kernels.cache_attention`` is loaded (built on first call;
+    asked per layer and step, so later calls take no lock)."""
+    if not _loaded:
+        with _lock:  # a library registers its operators once per process
+            if not _loaded:
+                _loaded.append(_load())
+    return _loaded[0]
 
 
 def build_name() -> str:
@@ -44,7 +48,6 @@ def build_name() -> str:
     return f"agentrt_cache_attention_{torch.backends.cpu.get_cpu_capability().lower()}_{digest}"
 
 
-@functools.cache
 def _load() -> bool:
     from torch.utils import cpp_extension
 
