@@ -38,11 +38,14 @@ from agentrt.steps import shift_entropy, shift_logprobs
 PACK_WIDTH = 64
 # Per layer a Llama block computes ~32 x hidden^2 FLOPs of matmuls per position and ~4 x width x
 # hidden of attention over a packed row (every pair under the dense mask): by FLOPs they are equal
-# at a width of 8 x hidden. Measured (one forward + backward, 1 thread, 32 prompts x 8 responses
-# of 20-32 tokens): rows 239 wide cost the same per position as rows 39 wide on llama-tiny and
-# llama-small (0.058 against 0.059 ms, 0.288 against 0.291 ms), so on this CPU the masked attention
-# is nearly free at such widths; 32 keeps segments of a few thousand positions in check.
-ATTENTION_PER_POSITION = 32
+# at a width of 8 x hidden. But the dense mask's element-wise work per pair (mask, fp32 softmax,
+# casts and their backward) costs more than its FLOPs say, and it depends on the CPU: on an Intel
+# Xeon (fp32, eager, 1 thread) rows 239 wide cost the same per position as rows 39 wide; on an
+# AMD EPYC, a bf16 compiled GRPO update of llama-small (32 prompts x 8 responses of 32 tokens)
+# took 0.46-0.62 s with each prompt's 8 responses in one 263-wide row and 0.38-0.46 s with 4 (135
+# wide) or 2 (71), fp32 the same either way, llama-tiny alike at 39-135 wide. 8 keeps such groups
+# to rows of ~135 at hidden 256; short responses (6 tokens: rows of 55) still share whole groups.
+ATTENTION_PER_POSITION = 8
 # Shared segments are at most this wide: the 4D mask is rows x width^2 booleans (and SDPA may make
 # it floats), 16 MB a row at 2048.
 SHARE_MAX_WIDTH = 2048

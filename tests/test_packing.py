@@ -101,6 +101,32 @@ def test_rows_of_one_prompt_compute_it_once(monkeypatch):
     assert capped.shared == 0 and capped.attention_mask is None
 
 
+def grpo_batch(response: int, groups: int = 4, size: int = 8, seed: int = 5):
+    """``groups`` prompts of 7 tokens, ``size`` responses of ``response`` tokens each."""
+    rng = random.Random(seed)
+    trajs = []
+    for g in range(groups):
+        prompt = [1] + [rng.randrange(3, 250) for _ in range(6)]
+        trajs += [Trajectory([Turn(prompt, [rng.randrange(3, 250) for _ in range(response)],
+                                   [-1.0] * response)], group_id=str(g)) for _ in range(size)]
+    return collate(trajs, 0)
+
+
+@pytest.mark.parametrize("response,hidden,width", [
+    (6, 256, 7 + 8 * 6),  # short responses: a group's 8 rows share one segment
+    (32, 0, 7 + 8 * 32),  # positions only: the fewest positions, whole groups
+    (32, 256, 7 + 4 * 32),  # the dense mask over 263 positions costs more than 7 x 4 saves
+    (32, 1024, 7 + 8 * 32),  # a wide model: its matmuls per position outweigh the attention
+])
+def test_shared_segments_are_cut_where_attention_costs_more(response, hidden, width):
+    batch = grpo_batch(response)
+    prefix = batch.loss_mask.argmax(-1)
+    lay = layout(batch.input_ids, batch.attention_mask, True, 0, prefix, hidden)
+    assert lay.input_ids.shape[1] == width
+    k = (width - 7) // response  # rows per segment, each segment computing its prompt once
+    assert lay.shared == 4 * 7 * (8 - 8 // k)
+
+
 def test_grpo_update_with_packing_gives_the_same_weights(tiny_model_dir):
     # AdamW's first step is lr * g / (|g| + eps): with eps 1 it is ~lr * g, so the weights
     # compare the gradients (with eps 1e-8 it is ~lr * sign(g), which rounding flips where g ~ 0)
