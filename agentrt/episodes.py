@@ -72,17 +72,19 @@ class Episode:
     finished: bool = True
     group_id: str = ""
 
-    def row(self, memo: dict[tuple[int, ...], str] | None = None) -> dict[str, Any]:
-        """The row's columns, lists and dicts as JSON text. ``memo``: the JSON of prompts
-        already written (a step's groups share their prompt), filled as it goes."""
+    def row(self, memo: dict[Any, str] | None = None) -> dict[str, Any]:
+        """The row's columns, lists and dicts as JSON text. ``memo``: the JSON of values
+        already written in this batch of rows, filled as it goes (a step's groups share their
+        prompt and answer, and its rows one sampling dict)."""
+        return dict(zip(_COLUMNS, self.values({} if memo is None else memo)))
+
+    def values(self, memo: dict[Any, str]) -> tuple[Any, ...]:
+        """:meth:`row`'s values in column order (without the dict: 256 rows a step)."""
         # shallow: asdict deep-copies every token list, 50 ms of a 256-episode step
-        out = {name: getattr(self, name) for name in _COLUMNS}
-        out["prompt_ids"] = _ids_json(self.prompt_ids, memo)
-        out["response_ids"] = _ids_json(self.response_ids)
-        for key in ("logprobs", *_DICTS):
-            out[key] = json.dumps(out[key])
-        out["finished"] = int(self.finished)
-        return out
+        return (self.id, self.step, self.idx, self.policy_id, self.policy_version, self.prompt,
+                self.response, _ids_json(self.prompt_ids, memo), _ids_json(self.response_ids),
+                json.dumps(self.logprobs), self.reward, _dict_json(self.info, memo),
+                _dict_json(self.sampling, memo), int(self.finished), self.group_id)
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Episode:
@@ -96,10 +98,10 @@ class Episode:
 _COLUMNS = tuple(f.name for f in fields(Episode))
 
 
-def _ids_json(ids: Any, memo: dict[tuple[int, ...], str] | None = None) -> str:
+def _ids_json(ids: Any, memo: dict[Any, str] | None = None) -> str:
     """``json.dumps(ids)``: a list of ints as ``str`` writes it, at half the cost; ``memo``:
     the text of lists already written, by their ids."""
-    if type(ids) is not list or not all(type(x) is int for x in ids):
+    if type(ids) is not list or not set(map(type, ids)) <= {int}:
         return json.dumps(ids)
     if memo is None:
         return str(ids)
@@ -107,6 +109,22 @@ def _ids_json(ids: Any, memo: dict[tuple[int, ...], str] | None = None) -> str:
     text = memo.get(key)
     if text is None:
         text = memo[key] = str(ids)
+    return text
+
+
+def _dict_json(value: dict[str, Any], memo: dict[Any, str]) -> str:
+    """``json.dumps(value)``, once per object (a step's rows share the sampling dict) and per
+    content of dicts of strings (a group's rows have the same answer; other values could be
+    equal but written apart, as ``True`` and ``1``)."""
+    key: Any = id(value)
+    text = memo.get(key)
+    if text is None:
+        if set(map(type, value.values())) <= {str}:
+            key = ("dict", *value.items())
+            text = memo.get(key)
+        if text is None:
+            text = memo[key] = json.dumps(value)
+        memo[id(value)] = text
     return text
 
 
@@ -138,11 +156,11 @@ class EpisodeLog:
         try:
             with conn:
                 conn.execute("DELETE FROM episodes WHERE step >= ?", (step,))
-                memo: dict[tuple[int, ...], str] = {}
+                memo: dict[Any, str] = {}  # alive while its rows are: ids of dicts stay valid
                 conn.executemany(
                     f"INSERT INTO episodes ({', '.join(_COLUMNS)}) VALUES "
                     f"({', '.join('?' * len(_COLUMNS))})",
-                    [tuple(e.row(memo).values()) for e in episodes])
+                    [e.values(memo) for e in episodes])
         finally:
             conn.close()
 
@@ -198,6 +216,6 @@ def step_episodes(played: Any, step: int, sampling: dict[str, Any], tokenizer: A
             prompt=prompts[key],
             response=str(turn.info.get("action", "")), prompt_ids=list(turn.prompt_ids),
             response_ids=list(turn.response_ids), logprobs=[float(x) for x in turn.logprobs],
-            reward=float(traj.reward), info=info, sampling=dict(sampling),
+            reward=float(traj.reward), info=info, sampling=sampling,  # one dict, read-only
             finished=bool(turn.finished), group_id=traj.group_id))
     return sorted(out, key=lambda e: e.idx)

@@ -124,6 +124,14 @@ def test_rows_written_with_shared_json_read_back_as_written(tmp_path: Path) -> N
 
     episodes = [episode(0, [1, 2]), episode(1, [1, 2]), episode(2, [1, 3]),
                 episode(3, [1.0, 3.0]), episode(4, [1, float("inf")])]
+    # dicts written once per object and per content of strings, never equal-but-other values
+    shared = {"temperature": 0.7, "stop": [5]}
+    for i, info in enumerate([{"answer": "1"}, {"answer": "1"}, {"ok": True}, {"ok": 1},
+                              {"ok": 1.0}]):
+        episodes.append(Episode(id=episode_id(3, 5 + i), step=3, idx=5 + i, policy_id="p",
+                                policy_version=1, prompt="q", response="a", prompt_ids=[True],
+                                response_ids=[1], logprobs=[-1.0], reward=0.0, info=info,
+                                sampling=shared))
     log = EpisodeLog(tmp_path)
     log.append_step(3, episodes)
     assert list(log) == episodes
