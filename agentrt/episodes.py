@@ -114,12 +114,12 @@ def _ids_json(ids: Any, memo: dict[Any, str] | None = None) -> str:
 
 def _dict_json(value: dict[str, Any], memo: dict[Any, str]) -> str:
     """``json.dumps(value)``, once per object (a step's rows share the sampling dict) and per
-    content of dicts of strings (a group's rows have the same answer; other values could be
-    equal but written apart, as ``True`` and ``1``)."""
+    content of dicts of strings (a group's rows have the same answer; other keys and values
+    could be equal but written apart, as ``True`` and ``1``)."""
     key: Any = id(value)
     text = memo.get(key)
     if text is None:
-        if set(map(type, value.values())) <= {str}:
+        if set(map(type, value)) | set(map(type, value.values())) <= {str}:
             key = ("dict", *value.items())
             text = memo.get(key)
         if text is None:

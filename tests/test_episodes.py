@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from agentrt.config import validate_config
-from agentrt.episodes import EPISODES, Episode, EpisodeLog, episode_id
+from agentrt.episodes import EPISODES, Episode, EpisodeLog, _dict_json, episode_id
 from agentrt.trainer import Trainer
 
 PROMPTS, GROUP = 2, 2
@@ -139,3 +139,6 @@ def test_rows_written_with_shared_json_read_back_as_written(tmp_path: Path) -> N
     with sqlite3.connect(tmp_path / EPISODES) as conn:
         texts = conn.execute(f"SELECT {', '.join(columns)} FROM episodes ORDER BY idx").fetchall()
     assert texts == [tuple(json.dumps(getattr(e, c)) for c in columns) for e in episodes]
+    memo: dict = {}  # keys too: True and 1 are equal keys of other JSON (read back as strings)
+    assert [_dict_json(d, memo) for d in ({True: "a"}, {1: "a"})] == ['{"true": "a"}',
+                                                                       '{"1": "a"}']
