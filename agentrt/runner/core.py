@@ -176,6 +176,9 @@ class EpisodeRunner:
         self.route = route
         self.rng = random.Random(self.cfg.seed)
         self._pool: dict[str, list[Any]] = {} if env_pool is None else env_pool
+        # a run's specs share their kwargs (one object): its JSON once, not once per episode;
+        # the object is held, so no other takes its id while the entry lives
+        self._kwargs_json: dict[int, tuple[Any, str]] = {}
 
     # ------------------------------------------------------------------ public
     def run(self, episodes: Sequence[EpisodeSpec],
@@ -188,6 +191,7 @@ class EpisodeRunner:
                 a memory bank between episodes); on the vectorized fast path, after the run.
         """
         self._validate(episodes)
+        self._kwargs_json.clear()  # kwargs may have changed between runs
         start = time.perf_counter()
         stats = _Stats()
         from agentrt.runner.vector import can_vectorize, run_vectorized
@@ -233,7 +237,12 @@ class EpisodeRunner:
                                   f"known: {', '.join(sorted(self.policies))}")
 
     def _start(self, index: int, spec: EpisodeSpec) -> _Episode:
-        key = spec.env + json.dumps(dict(spec.env_kwargs), sort_keys=True, default=str)
+        kwargs = spec.env_kwargs
+        hit = self._kwargs_json.get(id(kwargs))
+        if hit is None:
+            text = json.dumps(dict(kwargs), sort_keys=True, default=str)
+            hit = self._kwargs_json[id(kwargs)] = (kwargs, text)
+        key = spec.env + hit[1]  # the env pool's key: env and kwargs
         pool = self._pool.setdefault(key, [])
         env = pool.pop() if pool else make_multi(spec.env, **dict(spec.env_kwargs))
         agents = list(env.possible_agents)
@@ -346,7 +355,7 @@ class EpisodeRunner:
             key = f"seed={ep.seed}"
         else:
             key = "vs=" + ",".join(opponents)
-        kwargs = json.dumps(dict(ep.spec.env_kwargs), sort_keys=True, default=str)
+        kwargs = ep.key[len(ep.spec.env):]  # the kwargs' JSON (_start)
         env_id = ep.spec.env if kwargs == "{}" else f"{ep.spec.env}{kwargs}"
         result = record.results[agent]
         score = {"win": 1.0, "draw": 0.5, "loss": 0.0}

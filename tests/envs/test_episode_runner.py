@@ -286,3 +286,21 @@ def test_the_custom_env_example_runs_and_perfect_play_wins() -> None:
     runner = EpisodeRunner({"perfect": module["perfect"], "random": RandomPolicy(seed=0)})
     m = runner.run(specs("Nim-v0", ("perfect", "random"), 300)).metrics
     assert m["match/win_rate/perfect"] > 0.9
+
+
+def test_env_kwargs_key_the_pool_per_run_even_when_a_dict_changes() -> None:
+    """The runner writes a run's shared kwargs' JSON once: specs of two kwargs objects get envs
+    of their own kwargs, and a kwargs dict changed between runs is read again."""
+    pool: dict = {}
+    runner = EpisodeRunner({"a": RandomPolicy(seed=5), "b": RandomPolicy(seed=6)},
+                           RunnerConfig(vectorize=False), env_pool=pool)
+    compact, prose = {"compact": True}, {"compact": False}
+    runner.run(specs("TicTacToe-v0", ("a", "b"), 3, env_kwargs=compact)
+               + specs("TicTacToe-v0", ("a", "b"), 3, env_kwargs=prose))
+    assert {k: [e.compact for e in envs] for k, envs in pool.items()} == {
+        'TicTacToe-v0{"compact": true}': [True] * 3, 'TicTacToe-v0{"compact": false}': [False] * 3}
+    pool.clear()
+    prose["compact"] = True  # the same object, other kwargs: the next run reads them again
+    runner.run(specs("TicTacToe-v0", ("a", "b"), 2, env_kwargs=prose))
+    assert {k: [e.compact for e in envs] for k, envs in pool.items()} == {
+        'TicTacToe-v0{"compact": true}': [True] * 2}
