@@ -5,8 +5,11 @@
 - ``id``: ``s<step>-<index>`` (:func:`episode_id`; ``index`` is the episode's position in the
   step's episode list), so a resumed run that replays a step writes the same ids;
 - ``step``, ``idx``, ``policy_id``, ``policy_version`` (the weights that sampled it);
-- ``prompt``, ``response`` (decoded texts), ``prompt_ids``, ``response_ids``, ``logprobs``
-  (the rollout's log-probs of the response tokens, as sampled), JSON lists;
+- ``prompt``, ``response`` (decoded texts), ``prompt_ids``, ``response_ids`` (JSON lists);
+- ``logprobs``: the rollout's log-probs of the response tokens, as sampled, a BLOB of float64
+  little-endian values (``array("d")``; exact, where JSON's decimal text of floats took half the
+  time of writing a step's rows); a list that is not all numbers, and rows of logs written
+  before, hold JSON text; :meth:`Episode.from_row` reads both;
 - ``reward``, ``info`` (the example's info the reward saw, e.g. its answer), ``sampling`` (the
   sampling settings), ``finished`` (stopped on eos), ``group_id``.
 
@@ -18,15 +21,17 @@ the file read-only. Other records (late feedback of the online issue) key on ``i
 step replaces its episodes (same ids, new responses), so such a record belongs to the episode
 only if it was written after the step's checkpoint.
 
-Size: no bound (``checkpoint.keep`` bounds weights, not this): about 1.4 KB per episode of 30
-response tokens (ids and log-probs as JSON text; 160 episodes of llama-nano on arithmetic took
-217 KB), so 100 steps of 256 episodes take about 35 MB.
+Size: no bound (``checkpoint.keep`` bounds weights, not this): about 0.6 KB per episode of 8
+prompt and 30 response tokens (1.06 KB with the log-probs as JSON text), so 100 steps of 256
+episodes take about 16 MB.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import sys
+from array import array
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
@@ -34,13 +39,13 @@ from typing import Any, Iterator
 from agentrt.errors import AgentrtError
 
 EPISODES = "episodes.sqlite"
-_LISTS = ("prompt_ids", "response_ids", "logprobs")
+_LISTS = ("prompt_ids", "response_ids")
 _DICTS = ("info", "sampling")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS episodes (
     id TEXT PRIMARY KEY, step INTEGER NOT NULL, idx INTEGER NOT NULL, policy_id TEXT NOT NULL,
     policy_version INTEGER NOT NULL, prompt TEXT NOT NULL, response TEXT NOT NULL,
-    prompt_ids TEXT NOT NULL, response_ids TEXT NOT NULL, logprobs TEXT NOT NULL,
+    prompt_ids TEXT NOT NULL, response_ids TEXT NOT NULL, logprobs BLOB NOT NULL,
     reward REAL NOT NULL, info TEXT NOT NULL, sampling TEXT NOT NULL, finished INTEGER NOT NULL,
     group_id TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS episodes_step ON episodes (step);
@@ -73,9 +78,9 @@ class Episode:
     group_id: str = ""
 
     def row(self, memo: dict[Any, str] | None = None) -> dict[str, Any]:
-        """The row's columns, lists and dicts as JSON text. ``memo``: the JSON of values
-        already written in this batch of rows, filled as it goes (a step's groups share their
-        prompt and answer, and its rows one sampling dict)."""
+        """The row's columns as written (lists and dicts as JSON text, log-probs as bytes).
+        ``memo``: the JSON of values already written in this batch of rows, filled as it goes
+        (a step's groups share their prompt and answer, and its rows one sampling dict)."""
         return dict(zip(_COLUMNS, self.values({} if memo is None else memo)))
 
     def values(self, memo: dict[Any, str]) -> tuple[Any, ...]:
@@ -83,7 +88,7 @@ class Episode:
         # shallow: asdict deep-copies every token list, 50 ms of a 256-episode step
         return (self.id, self.step, self.idx, self.policy_id, self.policy_version, self.prompt,
                 self.response, _ids_json(self.prompt_ids, memo), _ids_json(self.response_ids),
-                json.dumps(self.logprobs), self.reward, _dict_json(self.info, memo),
+                _floats_blob(self.logprobs), self.reward, _dict_json(self.info, memo),
                 _dict_json(self.sampling, memo), int(self.finished), self.group_id)
 
     @classmethod
@@ -91,11 +96,32 @@ class Episode:
         data = dict(row)
         for key in (*_LISTS, *_DICTS):
             data[key] = json.loads(data[key])
+        lps = data["logprobs"]
+        data["logprobs"] = _floats(lps) if isinstance(lps, bytes) else json.loads(lps)
         data["finished"] = bool(data["finished"])
         return cls(**data)
 
 
 _COLUMNS = tuple(f.name for f in fields(Episode))
+
+
+def _floats_blob(values: Any) -> bytes | str:
+    """``values`` as float64 little-endian bytes; JSON text where they are not all numbers."""
+    try:
+        packed = array("d", values)
+    except (TypeError, OverflowError):
+        return json.dumps(values)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _floats(blob: bytes) -> list[float]:
+    """The list :func:`_floats_blob` wrote as bytes."""
+    packed = array("d", blob)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tolist()
 
 
 def _ids_json(ids: Any, memo: dict[Any, str] | None = None) -> str:

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sqlite3
+import struct
 import subprocess
 import sys
 import time
@@ -114,7 +115,9 @@ def test_sigkill_leaves_whole_steps_and_resume_completes(tmp_path: Path,
 def test_rows_written_with_shared_json_read_back_as_written(tmp_path: Path) -> None:
     """A step's rows share the JSON text of equal prompts while it is written; each row still
     reads back as its own episode, its lists and dicts as ``json.dumps`` writes them (ids that
-    are not all ints, a non-finite log-prob, a list in the sampling settings)."""
+    are not all ints, a list in the sampling settings), its log-probs as float64 bytes (a
+    non-finite one too), or JSON where they are not numbers; a row of an older log, log-probs
+    as JSON text, reads back as well."""
     def episode(i: int, prompt: list) -> Episode:
         return Episode(id=episode_id(3, i), step=3, idx=i, policy_id="p", policy_version=1,
                        prompt="q", response="a", prompt_ids=prompt, response_ids=[i, 7],
@@ -132,13 +135,21 @@ def test_rows_written_with_shared_json_read_back_as_written(tmp_path: Path) -> N
                                 policy_version=1, prompt="q", response="a", prompt_ids=[True],
                                 response_ids=[1], logprobs=[-1.0], reward=0.0, info=info,
                                 sampling=shared))
+    episodes[-1].logprobs = [None]  # not numbers: written as JSON
     log = EpisodeLog(tmp_path)
     log.append_step(3, episodes)
     assert list(log) == episodes
-    columns = ("prompt_ids", "response_ids", "logprobs", "info", "sampling")
+    columns = ("prompt_ids", "response_ids", "info", "sampling")
     with sqlite3.connect(tmp_path / EPISODES) as conn:
         texts = conn.execute(f"SELECT {', '.join(columns)} FROM episodes ORDER BY idx").fetchall()
+        blobs = [b for (b,) in conn.execute("SELECT logprobs FROM episodes ORDER BY idx")]
+        old = conn.execute("SELECT * FROM episodes WHERE idx = 0").fetchone()
+        conn.execute("INSERT INTO episodes VALUES (?, 4, 0, ?, ?, ?, ?, ?, ?, '[-0.25, -1.5]', "
+                     "?, ?, ?, ?, ?)", ("s4-0", *old[3:9], *old[10:]))
     assert texts == [tuple(json.dumps(getattr(e, c)) for c in columns) for e in episodes]
+    assert blobs == [struct.pack(f"<{len(e.logprobs)}d", *e.logprobs)
+                     for e in episodes[:-1]] + ["[null]"]
+    assert log.get("s4-0").logprobs == [-0.25, -1.5]
     memo: dict = {}  # keys too: True and 1 are equal keys of other JSON (read back as strings)
     assert [_dict_json(d, memo) for d in ({True: "a"}, {1: "a"})] == ['{"true": "a"}',
                                                                        '{"1": "a"}']
