@@ -13,6 +13,7 @@ Position 0 therefore never carries loss.
 from __future__ import annotations
 
 import uuid
+from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -206,15 +207,21 @@ def collate(trajs: list[Trajectory], pad_id: int = 0) -> TrainBatch:
     width = max(len(s[0]) for s in seqs)
     lengths = torch.tensor([len(s[0]) for s in seqs])
 
-    def padded(field: int, value: float, dtype: torch.dtype) -> torch.Tensor:
-        # one tensor from padded lists: a tensor per row and field cost ~10 ms a 256-row batch
-        return torch.tensor([s[field] + [value] * (width - len(s[0])) for s in seqs], dtype=dtype)
+    def padded(field: int, value: float, code: str, dtype: torch.dtype) -> torch.Tensor:
+        # rows padded into one flat C array, then one tensor: a tensor per row and field cost
+        # ~10 ms a 256-row batch, one from nested lists ~0.5 ms a field, this ~0.3
+        flat, pad = array(code), [value] * width
+        for s in seqs:
+            flat.extend(s[field])
+            flat.extend(pad[len(s[0]):])
+        out = torch.frombuffer(flat, dtype=dtype) if flat else torch.empty(0, dtype=dtype)
+        return out.view(len(seqs), width).clone()
 
-    input_ids = padded(0, pad_id, torch.long)
+    input_ids = padded(0, pad_id, "q", torch.long)
     attention = (torch.arange(width)[None, :] < lengths[:, None]).long()
-    loss_mask = padded(1, 0.0, torch.float32)
-    old_lp = padded(2, 0.0, torch.float32)
-    rewards = padded(3, 0.0, torch.float32)
+    loss_mask = padded(1, 0.0, "f", torch.float32)
+    old_lp = padded(2, 0.0, "f", torch.float32)
+    rewards = padded(3, 0.0, "f", torch.float32)
     loss_mask[:, 0] = 0.0  # nothing predicts the first token
     return TrainBatch(
         input_ids=input_ids,

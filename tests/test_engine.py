@@ -36,6 +36,22 @@ def rollout_batch(engine, group=4, rewards=None):
     return collate(trajs, engine.pad_id), comps
 
 
+def test_collate_pads_the_turns_into_the_batch_tensors():
+    """Right padding, the loss on generated ids only (never the first token), the rollout's
+    log-probs as float32 and each turn's reward at its last generated token."""
+    two_turns = Trajectory([Turn([1, 2], [3, 4], [-0.1, -0.2], reward=1.5),
+                            Turn([1, 2, 3, 4, 5], [6], [-0.3], reward=-2.0)], group_id="a")
+    one = Trajectory([Turn([7], [8, 9], [-1 / 3, 0.0], reward=0.25)], group_id="b")
+    batch = collate([two_turns, one], pad_id=-1)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5, 6], [7, 8, 9, -1, -1, -1]]
+    assert batch.attention_mask.tolist() == [[1] * 6, [1, 1, 1, 0, 0, 0]]
+    assert batch.loss_mask.tolist() == [[0, 0, 1, 1, 0, 1], [0, 1, 1, 0, 0, 0]]
+    want = torch.tensor([[0, 0, -0.1, -0.2, 0, -0.3], [0, -1 / 3, 0, 0, 0, 0]])
+    assert batch.old_logprobs.dtype == torch.float32 and torch.equal(batch.old_logprobs, want)
+    assert batch.token_rewards.tolist() == [[0, 0, 0, 1.5, 0, -2.0], [0, 0, 0.25, 0, 0, 0]]
+    assert batch.seq_rewards.tolist() == [-0.5, 0.25] and batch.group_ids == ["a", "b"]
+
+
 def params_of(engine):
     return {k: v.detach().clone() for k, v in engine.model.named_parameters()}
 
