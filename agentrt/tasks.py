@@ -112,7 +112,12 @@ def prompt_head(tokenizer: Any) -> list[int]:
 def encode_texts(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     """Each text's ids without specials, in one batched call where the tokenizer has one (a
     transformers tokenizer is callable; a call per text cost ~6% of an SFT warm start and ~8%
-    of a league step)."""
+    of a league step). Each distinct text is encoded once (a GRPO step's groups repeat their
+    prompt: 32 texts to encode, not 256); every text gets a list of its own."""
+    unique = list(dict.fromkeys(texts))
+    if len(unique) < len(texts):
+        ids = dict(zip(unique, encode_texts(tokenizer, unique)))
+        return [list(ids[t]) for t in texts]
     if texts and callable(tokenizer):
         return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     return [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]

@@ -156,3 +156,28 @@ def test_demonstrations_are_bos_prompt_then_answer_and_eos(tiny_model_dir):
         assert turn.response_ids == answer + [tok.eos_token_id]
         assert turn.logprobs == [0.0] * len(turn.response_ids)
     assert demonstrations(tok, []) == []
+
+
+def test_repeated_texts_are_encoded_once_each_into_lists_of_their_own(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from agentrt.tasks import encode_texts
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    calls = []
+    encode = type(tok).__call__
+
+    def counting(self, texts, **kw):
+        calls.append(list(texts))
+        return encode(self, texts, **kw)
+
+    texts = ["12+7=", "3+4=", "12+7=", "", "3+4=", "12+7="]
+    type(tok).__call__ = counting
+    try:
+        out = encode_texts(tok, texts)
+    finally:
+        type(tok).__call__ = encode
+    assert calls == [["12+7=", "3+4=", ""]]
+    assert out == [tok.encode(t, add_special_tokens=False) for t in texts]
+    out[0].append(-1)  # a caller extends one prompt's ids: its twins keep theirs
+    assert out[2] == out[5] == tok.encode("12+7=", add_special_tokens=False)
