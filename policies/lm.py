@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from agentrt.policies.base import Action, ActRequest
-from agentrt.tasks import encode_texts
+from agentrt.tasks import decode_texts, encode_texts
 from agentrt.types import Turn
 
 MemoryHook = Callable[[list[ActRequest]], list[tuple[list[int], list[str]]]]
@@ -196,8 +196,7 @@ class LMPolicy:
         """The actions (and their turns) of the completions of ``tick``'s prompts."""
         version = self.version
         actions = tick.actions
-        texts = self.tokenizer.batch_decode([c.response_ids for c in completions],
-                                            skip_special_tokens=True)  # one call for the tick
+        texts = decode_texts(self.tokenizer, [c.response_ids for c in completions])
         for i, ids, comp, text in zip(tick.index, tick.prompts, completions, texts):
             req = requests[i]
             turn = Turn(prompt_ids=ids, response_ids=list(comp.response_ids),

@@ -181,3 +181,34 @@ def test_repeated_texts_are_encoded_once_each_into_lists_of_their_own(tiny_model
     assert out == [tok.encode(t, add_special_tokens=False) for t in texts]
     out[0].append(-1)  # a caller extends one prompt's ids: its twins keep theirs
     assert out[2] == out[5] == tok.encode("12+7=", add_special_tokens=False)
+
+
+def test_texts_decode_as_transformers_decodes_them(tiny_model_dir):
+    """The one-call decode gives batch_decode's texts (special tokens left out, bytes that are
+    not UTF-8 on their own too); a tokenizer that cleans up spaces keeps transformers' decode."""
+    from transformers import AutoTokenizer
+
+    from agentrt.tasks import decode_texts
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    text = [tok.bos_token_id, *tok.encode("12 + 7 = 19 ,ok", add_special_tokens=False)]
+    seqs = [text, [], [tok.eos_token_id], text[:3] + [tok.eos_token_id, *text[3:]],
+            list(range(1, tok.vocab_size))]
+    assert decode_texts(tok, seqs) == tok.batch_decode(seqs, skip_special_tokens=True)
+    assert decode_texts(tok, [tuple(text)]) == tok.batch_decode([text], skip_special_tokens=True)
+    calls = []
+    batch_decode = type(tok).batch_decode
+
+    def counting(self, seqs, **kw):
+        calls.append(len(seqs))
+        return batch_decode(self, seqs, **kw)
+
+    type(tok).batch_decode = counting
+    try:
+        assert decode_texts(tok, seqs) == tok.batch_decode(seqs, skip_special_tokens=True)
+        assert calls == [len(seqs)]  # the fast path: the Rust tokenizer only
+        tok.clean_up_tokenization_spaces = True
+        assert decode_texts(tok, seqs) == tok.batch_decode(seqs, skip_special_tokens=True)
+        assert calls == [len(seqs), len(seqs), len(seqs)]
+    finally:
+        type(tok).batch_decode = batch_decode
