@@ -21,9 +21,9 @@ turn limit ends a game as a truncated draw.
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
-import uuid
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
@@ -76,8 +76,8 @@ class EpisodeSpec:
         options: Passed to ``env.reset(options=...)``.
         group: Group key for baselines (default: the seed for single-agent envs whose seed fixes
             the task, else the opponents' policy ids).
-        episode_id: The record's ``episode_id`` (default: a fresh uuid). A league passes its
-            match id, so a replayed episode keeps its id (memory writes key on it).
+        episode_id: The record's ``episode_id`` (default: 128 random bits as hex). A league
+            passes its match id, so a replayed episode keeps its id (memory writes key on it).
     """
 
     env: str
@@ -132,7 +132,8 @@ class _Episode:
     def __init__(self, spec: EpisodeSpec, seed: int, env: Any, key: str,
                  seats: dict[str, str]) -> None:
         self.spec, self.seed, self.env, self.key, self.seats = spec, seed, env, key, seats
-        self.id = spec.episode_id or uuid.uuid4().hex
+        # 128 random bits as hex, like uuid4().hex, at a fifth of its cost (256 episodes a step)
+        self.id = spec.episode_id or os.urandom(16).hex()
         agents = list(env.possible_agents)
         self.seat_of = {a: i for i, a in enumerate(agents)}
         self.turns: dict[str, list[Turn]] = {a: [] for a in agents}
