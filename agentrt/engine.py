@@ -242,7 +242,13 @@ class HybridEngine(EngineState):
         with self._autocast():
             run = self.compiled if self.compiled is not None and torch.is_grad_enabled() and \
                 model is self.model else model
-            out = run(**lay.inputs(self.device))
+            inputs = lay.inputs(self.device)
+            if run is self.compiled:
+                # the embedding lookup outside the graph: inductor's backward of it scatters the
+                # rows' gradients with atomic adds (5.5 ms of llama-small's update at 8.6k
+                # positions, 1.0 with torch's own kernel; update 2.5% faster on llama-tiny)
+                inputs["inputs_embeds"] = model.get_input_embeddings()(inputs.pop("input_ids"))
+            out = run(**inputs)
         temp = (self.cfg.rollout.sampling.temperature or 1.0) if scaled else 1.0
         return Forward(out.logits.float() / temp, lay)
 
