@@ -108,20 +108,21 @@ _COLUMNS = tuple(f.name for f in fields(Episode))
 def _floats_blob(values: Any) -> bytes | str:
     """``values`` as float64 little-endian bytes; JSON text where they are not all numbers."""
     try:
-        packed = array("d", values)
+        return _little_endian(array("d", values)).tobytes()
     except (TypeError, OverflowError):
         return json.dumps(values)
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return packed.tobytes()
 
 
 def _floats(blob: bytes) -> list[float]:
     """The list :func:`_floats_blob` wrote as bytes."""
-    packed = array("d", blob)
+    return _little_endian(array("d", blob)).tolist()
+
+
+def _little_endian(packed: array) -> array:
+    """``packed`` swapped in place between this machine's byte order and little-endian."""
     if sys.byteorder != "little":
         packed.byteswap()
-    return packed.tolist()
+    return packed
 
 
 def _ids_json(ids: Any, memo: dict[Any, str] | None = None) -> str:
