@@ -135,5 +135,28 @@ def encode_texts(tokenizer: Any, texts: list[str]) -> list[list[int]]:
         ids = dict(zip(unique, encode_texts(tokenizer, unique)))
         return [list(ids[t]) for t in texts]
     if texts and callable(tokenizer):
+        backend = rust_encoder(tokenizer)
+        if backend is not None:
+            return [enc.ids for enc in backend.encode_batch_fast(texts, add_special_tokens=False)]
         return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     return [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+
+
+def rust_encoder(tokenizer: Any) -> Any:
+    """The Rust tokenizer behind ``tokenizer``, where calling ``tokenizer`` on a list of texts
+    would do nothing but its ``encode_batch`` (transformers' own call of a fast tokenizer; no
+    truncation or padding set on the Rust side, which the call would turn off; special tokens
+    split as the call would split them); else None. Transformers' call costs 4x the Rust
+    encode on short texts (1.36 against 0.27 ms for 128 prompts and answers of an SFT step)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "encode_batch_fast") \
+            or backend.truncation is not None or backend.padding is not None:
+        return None
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+    cls = type(tokenizer)
+    if cls.__call__ is not PreTrainedTokenizerBase.__call__ \
+            or getattr(cls, "_encode_plus", None) is not PreTrainedTokenizerFast._encode_plus \
+            or backend.encode_special_tokens != bool(tokenizer.split_special_tokens):
+        return None
+    return backend

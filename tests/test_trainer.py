@@ -183,6 +183,32 @@ def test_repeated_texts_are_encoded_once_each_into_lists_of_their_own(tiny_model
     assert out[2] == out[5] == tok.encode("12+7=", add_special_tokens=False)
 
 
+def test_texts_encode_as_transformers_encodes_them(tiny_model_dir):
+    """The Rust tokenizer's ids are the call's (special-token text, non-ASCII, blanks); padding
+    set on the Rust side or special tokens split keep transformers' call, with its ids."""
+    from transformers import AutoTokenizer
+
+    from agentrt.tasks import encode_texts, rust_encoder
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    texts = ["12+7=", " spaced  out ", "é漢字🙂", "", f"{tok.eos_token}x{tok.bos_token}", "\n\t"]
+
+    def called():
+        return [list(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
+
+    assert rust_encoder(tok) is tok.backend_tokenizer
+    assert encode_texts(tok, texts) == called()
+    assert tok.eos_token_id in encode_texts(tok, texts)[4]  # special tokens in text: as the call
+    tok.backend_tokenizer.enable_padding(length=16, pad_id=tok.pad_token_id)
+    assert rust_encoder(tok) is None
+    assert encode_texts(tok, texts) == called()  # the call turned the padding off again
+    assert rust_encoder(tok) is tok.backend_tokenizer
+    tok.split_special_tokens = True
+    assert rust_encoder(tok) is None
+    assert encode_texts(tok, texts) == called()
+    assert tok.eos_token_id not in encode_texts(tok, texts)[4]
+
+
 def test_texts_decode_as_transformers_decodes_them(tiny_model_dir):
     """The one-call decode gives batch_decode's texts (special tokens left out, bytes that are
     not UTF-8 on their own too); a tokenizer that cleans up spaces keeps transformers' decode."""
