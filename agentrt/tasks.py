@@ -146,8 +146,9 @@ def rust_encoder(tokenizer: Any) -> Any:
     """The Rust tokenizer behind ``tokenizer``, where calling ``tokenizer`` on a list of texts
     would do nothing but its ``encode_batch`` (transformers' own call of a fast tokenizer; no
     truncation or padding set on the Rust side, which the call would turn off; special tokens
-    split as the call would split them); else None. Transformers' call costs 4x the Rust
-    encode on short texts (1.36 against 0.27 ms for 128 prompts and answers of an SFT step)."""
+    split as the call would split them); else None. :func:`encode_texts` then calls its
+    ``encode_batch_fast`` (the same ids, no offsets): transformers' call costs 5x that on short
+    texts (1.36 against 0.27 ms for the 128 prompts and answers of an SFT step)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or not hasattr(backend, "encode_batch_fast") \
             or backend.truncation is not None or backend.padding is not None:
@@ -157,6 +158,6 @@ def rust_encoder(tokenizer: Any) -> Any:
     cls = type(tokenizer)
     if cls.__call__ is not PreTrainedTokenizerBase.__call__ \
             or getattr(cls, "_encode_plus", None) is not PreTrainedTokenizerFast._encode_plus \
-            or backend.encode_special_tokens != bool(tokenizer.split_special_tokens):
+            or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", 0)):
         return None
     return backend
