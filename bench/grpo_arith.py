@@ -44,11 +44,16 @@ def run(config: str, overrides: list[str]) -> dict:
             "threads": cfg.threads, "run_dir": str(run_dir)}
 
 
+def ends(res: dict) -> tuple[float, float]:
+    """A run's held-out accuracy after SFT only (step 0) and at its last evaluation."""
+    return res["evals"][0][1], res["evals"][-1][1]
+
+
 def report(res: dict) -> None:
     print("step  held-out exact match")
     for step, acc in res["evals"]:
         print(f"{step:4d}  {acc:.3f}")
-    first, last = res["evals"][0][1], res["evals"][-1][1]
+    first, last = ends(res)
     print(f"SFT-only accuracy      {first:.3f}")
     print(f"after GRPO             {last:.3f}")
     print(f"gain                   {100 * (last - first):+.1f} points")
@@ -72,7 +77,7 @@ def over_seeds(args: argparse.Namespace) -> None:
         if proc.returncode != 0:
             sys.exit(f"seed {seed} failed:\n{proc.stderr[-2000:]}")
         res = json.loads(proc.stdout.strip().splitlines()[-1])
-        first, last = res["evals"][0][1], res["evals"][-1][1]
+        first, last = ends(res)
         gains.append(100 * (last - first))
         print(f"{seed:4d}  {first:8.3f}  {last:10.3f}  {gains[-1]:+13.1f}  {res['total_s']:6.0f}",
               flush=True)
