@@ -35,10 +35,27 @@ log = logging.getLogger(__name__)
 TASK_TEMPLATE = PromptTemplate(first="{observation}", history=False)
 
 
-def demonstrations(tokenizer: Any, examples: list[Example]) -> list[Trajectory]:
-    """SFT data: prompt ids + answer ids + eos, loss on the answer only."""
+# Texts an SFT warm start keeps encoded (its batches draw the same examples again and again).
+DEMO_CACHE_TEXTS = 200_000
+
+
+def demonstrations(tokenizer: Any, examples: list[Example],
+                   cache: dict[str, list[int]] | None = None) -> list[Trajectory]:
+    """SFT data: prompt ids + answer ids + eos, loss on the answer only. With ``cache`` (text ->
+    ids, filled here), each text is encoded once across calls: an SFT warm start draws its
+    batches from the same examples, and encoding them every step was 1.5 ms of its 25 (llama-tiny,
+    batch 64). The ids are the same either way."""
     eos, head, n = int(tokenizer.eos_token_id), prompt_head(tokenizer), len(examples)
-    ids = encode_texts(tokenizer, [ex.prompt for ex in examples] + [ex.answer for ex in examples])
+    texts = [ex.prompt for ex in examples] + [ex.answer for ex in examples]
+    if cache is None:
+        ids = encode_texts(tokenizer, texts)
+    else:
+        new = [t for t in dict.fromkeys(texts) if t not in cache]
+        if len(cache) + len(new) > DEMO_CACHE_TEXTS:  # a stream of ever-new texts: start over
+            cache.clear()
+            new = list(dict.fromkeys(texts))
+        cache.update(zip(new, encode_texts(tokenizer, new)))
+        ids = [cache[t] for t in texts]
     return [Trajectory([Turn(head + prompt, answer + [eos], [0.0] * (len(answer) + 1))])
             for prompt, answer in zip(ids[:n], ids[n:])]
 
@@ -54,8 +71,10 @@ def sft_warm_start(ctl: Controller, pid: str, examples: list[Example] | Any, sft
     tokenizer = ctl.tokenizer(pid)
     bar = StepProgress(steps, enabled=progress, label=label)
     metrics: dict[str, float] = {}
+    cache: dict[str, list[int]] = {}
     for i in range(steps):
-        metrics = ctl.sft_step(pid, demonstrations(tokenizer, sampler.next(sft.batch_size)), sft)
+        batch = demonstrations(tokenizer, sampler.next(sft.batch_size), cache)
+        metrics = ctl.sft_step(pid, batch, sft)
         bar.update(i + 1, {"sft/loss": metrics["sft/loss"]})
     bar.close()
     ctl.end_sft(pid)

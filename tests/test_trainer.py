@@ -158,6 +158,44 @@ def test_demonstrations_are_bos_prompt_then_answer_and_eos(tiny_model_dir):
     assert demonstrations(tok, []) == []
 
 
+def test_demonstrations_from_the_cache_are_those_encoded_afresh(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from agentrt.tasks import Example
+    from agentrt.trainer import demonstrations
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cache: dict[str, list[int]] = {}
+    first = [Example("12+7=", "19"), Example("3+4=", "7"), Example("12+7=", "19")]
+    again = [Example("3+4=", "7"), Example("40+2=", "42")]
+    for exs in (first, again, first):
+        fresh = demonstrations(tok, exs)
+        cached = demonstrations(tok, exs, cache)
+        assert [t.turns[0].prompt_ids for t in cached] == [t.turns[0].prompt_ids for t in fresh]
+        assert [t.turns[0].response_ids for t in cached] == [
+            t.turns[0].response_ids for t in fresh]
+    assert set(cache) == {"12+7=", "19", "3+4=", "7", "40+2=", "42"}
+    cached[0].turns[0].prompt_ids.append(0)  # a batch's lists are its own, not the cache's
+    assert cache["12+7="] == tok.encode("12+7=", add_special_tokens=False)
+
+
+def test_the_demonstration_cache_starts_over_when_full(tiny_model_dir, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from agentrt import trainer
+    from agentrt.tasks import Example
+
+    monkeypatch.setattr(trainer, "DEMO_CACHE_TEXTS", 4)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cache: dict[str, list[int]] = {}
+    trainer.demonstrations(tok, [Example("1+1=", "2"), Example("2+2=", "4")], cache)
+    assert len(cache) == 4
+    (traj,) = trainer.demonstrations(tok, [Example("3+3=", "6")], cache)
+    assert set(cache) == {"3+3=", "6"}  # the batch's texts only, a stream never grows it past 4
+    assert traj.turns[0].response_ids == tok.encode("6", add_special_tokens=False) + [
+        tok.eos_token_id]
+
+
 def test_repeated_texts_are_encoded_once_each_into_lists_of_their_own(tiny_model_dir):
     from transformers import AutoTokenizer
 
