@@ -47,15 +47,14 @@ def demonstrations(tokenizer: Any, examples: list[Example],
     than encoding every batch). The ids are the same either way."""
     eos, head, n = int(tokenizer.eos_token_id), prompt_head(tokenizer), len(examples)
     texts = [ex.prompt for ex in examples] + [ex.answer for ex in examples]
-    if cache is None:
-        ids = encode_texts(tokenizer, texts)
-    else:
-        new = [t for t in dict.fromkeys(texts) if t not in cache]
-        if len(cache) + len(new) > DEMO_CACHE_TEXTS:  # a stream of ever-new texts: start over
-            cache.clear()
-            new = list(dict.fromkeys(texts))
-        cache.update(zip(new, encode_texts(tokenizer, new)))
-        ids = [cache[t] for t in texts]
+    cache = {} if cache is None else cache
+    unique = list(dict.fromkeys(texts))
+    new = [t for t in unique if t not in cache]
+    if len(cache) + len(new) > DEMO_CACHE_TEXTS:  # a stream of ever-new texts: start over
+        cache.clear()
+        new = unique
+    cache.update(zip(new, encode_texts(tokenizer, new)))
+    ids = [cache[t] for t in texts]
     return [Trajectory([Turn(head + prompt, answer + [eos], [0.0] * (len(answer) + 1))])
             for prompt, answer in zip(ids[:n], ids[n:])]
 
