@@ -1,7 +1,7 @@
 """Command line: ``agentrt train CONFIG.yaml [--set section.field=value ...]``.
 
 Errors a user can meet print as one line (``error: ...``) with exit code 2, never a traceback
-(``agentrt --debug ...`` shows it). Every command checks its whole config (agentrt.checks) before
+(``agentrt --debug ...`` shows it). Every command checks its whole config (agentrt.tools.checks) before
 it imports torch or creates a run folder.
 """
 
@@ -15,13 +15,13 @@ from typing import Any, Optional
 
 import typer
 
-from agentrt.errors import AgentrtError
+from agentrt.core.errors import AgentrtError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="agentrt: RL post-training of many language-model policies.")
 _DEBUG = {"on": False}
 _IMPORT = typer.Option(None, "--import", help="Plugin module to import before the config is "
-                       "checked (repeatable; see agentrt.plugins).")
+                       "checked (repeatable; see agentrt.core.plugins).")
 _NEW_RUN = typer.Option(False, "--new-run", help="Start over in the run folder: delete what the "
                         "run it holds wrote (checkpoints, metrics, records, reports, models).")
 _RESUME = typer.Option("auto", "--resume", help="auto: resume the folder's run only if it is "
@@ -36,14 +36,14 @@ def _options(debug: bool = typer.Option(False, "--debug", help="Show tracebacks 
 
 def _load(config: Path, set_: Optional[list[str]], imports: Optional[list[str]],
           run_dir: Optional[str] = None, expect: Optional[str] = None) -> Any:
-    from agentrt.checks import load_checked
+    from agentrt.tools.checks import load_checked
 
     overrides = list(set_ or []) + ([f"run_dir={run_dir}"] if run_dir else [])
     return load_checked(config, overrides, expect=expect, imports=imports or ())[1]
 
 
 def _start(new_run: bool, resume: str) -> str:
-    """The ``start`` of a run (agentrt.run.RunDir.open) from ``--new-run`` and ``--resume``."""
+    """The ``start`` of a run (agentrt.controller.run_dir.RunDir.open) from ``--new-run`` and ``--resume``."""
     if resume not in ("auto", "force"):
         raise AgentrtError(f"--resume takes auto or force, not {resume!r}")
     if new_run and resume == "force":
@@ -72,7 +72,7 @@ def train(
     _setup()
     start = _start(new_run, resume)
     cfg = _load(config, set_, imports, run_dir, expect="train")
-    from agentrt.trainer import Trainer
+    from agentrt.workloads.prompts.workload import Trainer
 
     trainer = Trainer(cfg, start)
     last = trainer.run()
@@ -96,8 +96,8 @@ def check_config(
     It resolves what the config names: envs, rewards, baselines against the envs they play,
     model and data paths, plugin modules (imports:).
     """
-    from agentrt.checks import load_checked
-    from agentrt.config import dump_config
+    from agentrt.tools.checks import load_checked
+    from agentrt.config.sections import dump_config
 
     found, cfg = load_checked(config, list(set_ or []), kind=kind, imports=imports or ())
     typer.echo(f"# {found} config, valid\n{dump_config(cfg)}", nl=False)
@@ -110,8 +110,8 @@ def config_help(
         None, help="Only this field or section and what is under it (e.g. policy.algorithm)."),
 ) -> None:
     """Every field of a config kind: its path, type, default and what it does."""
-    from agentrt.checks import KINDS, config_model, describe_fields
-    from agentrt.errors import ConfigError
+    from agentrt.tools.checks import KINDS, config_model, describe_fields
+    from agentrt.core.errors import ConfigError
 
     if kind not in KINDS:
         raise ConfigError(f"{kind!r} is not a config kind; valid: {', '.join(KINDS)}")
@@ -250,7 +250,7 @@ def play_command(
 ) -> None:
     """Play a trained policy in the terminal (any turn-based env of the run)."""
     _setup()
-    from agentrt.play import play
+    from agentrt.tools.play import play
 
     results = play(run_dir, policy, env, seat, games, sample, imports or ())
     if games > 1:
@@ -284,7 +284,7 @@ def serve_command(
                                                              "in reward units (0.05)."),
     canary_log: Path = typer.Option(Path("canary.jsonl"), help="Canary decisions (JSON lines)."),
     threads: Optional[int] = typer.Option(None, help="torch threads (default: tuned on the "
-                                                     "first model at start, see agentrt.threads)."),
+                                                     "first model at start, see agentrt.runtime.threads)."),
 ) -> None:
     """Serve a run's policies behind an OpenAI-compatible HTTP API (docs/serving.md)."""
     _setup()
@@ -304,7 +304,7 @@ app.add_typer(policies_app, name="policies")
 @policies_app.command("ls")
 def policies_ls(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
     """Every checkpointed version and league snapshot: parent, step, key figures."""
-    from agentrt.versions import listing
+    from agentrt.controller.versions import listing
 
     typer.echo("\n".join(listing(run_dir)))
 
@@ -316,7 +316,7 @@ def policies_show(run_dir: Path = typer.Argument(..., help="A run folder."),
     """One version's record (JSON): parent, code, config hash, data, reward source, metrics."""
     import json
 
-    from agentrt.versions import find
+    from agentrt.controller.versions import find
 
     typer.echo(json.dumps(find(version, run_dir)[1], indent=1, sort_keys=True))
 
@@ -327,7 +327,7 @@ def policies_diff(run_dir: Path = typer.Argument(..., help="A run folder."),
                   b: str = typer.Argument(..., help="Another, or OTHER_RUN:version.")) -> None:
     """What differs between two versions: code commit, config (field by field), training data,
     reward source, key figures."""
-    from agentrt.versions import diff, find
+    from agentrt.controller.versions import diff, find
 
     lines = diff(find(a, run_dir), find(b, run_dir))
     typer.echo("\n".join([f"{a} vs {b}:", *(lines or ["same code, config, data and reward"])]))
@@ -348,7 +348,7 @@ def ckpt_check(
     """Say whether a checkpoint loads and fits a config or another checkpoint (architecture,
     LoRA rank and targets, optimizer state, format) and name what differs. Exit 0: it does;
     1: it does not; 2: bad input."""
-    from agentrt.ckpt_check import check
+    from agentrt.tools.ckpt_check import check
 
     if against is not None and not against.exists():
         raise AgentrtError(f"--against {against}: no such file or folder")
@@ -377,7 +377,7 @@ def debug_command(
     _setup()
     import json
 
-    from agentrt.debug import diagnose
+    from agentrt.tools.debug import diagnose
 
     report = diagnose(run_dir, sample, reward, repeats, embedder, tuple(imports or ()))
     typer.echo(json.dumps(report.to_json(), indent=1) if as_json else report.text())
@@ -396,7 +396,7 @@ def _ctl(ctx: typer.Context,
 
 
 def _ctl_send(ctx: typer.Context, command: Optional[dict]) -> dict:
-    from agentrt.control_client import send
+    from agentrt.controller.control.client import send
 
     return send(ctx.obj, command)
 
@@ -406,7 +406,7 @@ def ctl_set(ctx: typer.Context, assignments: list[str] = typer.Argument(
         ..., help="KEY=VALUE of a live field, e.g. train.prompts_per_step=64 (repeatable).")
             ) -> None:
     """Change live settings; they apply at the start of the next step."""
-    from agentrt.control_client import parse_assignments
+    from agentrt.controller.control.client import parse_assignments
 
     reply = _ctl_send(ctx, {"cmd": "set", "values": parse_assignments(assignments)})
     typer.echo(f"queued #{reply['queued']}: applies at the start of step "

@@ -26,8 +26,8 @@ ARMS = ("sync", "async")
 
 def child(args: argparse.Namespace) -> None:
     """One arm in this (fresh) process; prints one JSON line."""
-    from agentrt.config import load_config
-    from agentrt.trainer import Trainer
+    from agentrt.config.sections import load_config
+    from agentrt.workloads.prompts.workload import Trainer
 
     cfg = load_config(args.config, args.overrides)
     start = time.perf_counter()

@@ -4,7 +4,7 @@ The update's profile (docs/performance.md) is half GEMMs and ~40% element-wise o
 transformers Llama code (RMSNorm, rotary, SiLU gating and their backward), which inductor can
 fuse into C++/OpenMP loops. Per model, one process: a training batch like the GRPO update's
 (``--rows`` sequences of prompt + response lengths drawn from a seed, laid out by
-agentrt.packing: packed rows with restarting position ids; ``padded``: right-padded rows with a
+agentrt.runtime.packing: packed rows with restarting position ids; ``padded``: right-padded rows with a
 2D attention mask; ``mask4d``: the packed rows with an explicit block-diagonal causal boolean mask
 [R, 1, W, W] plus position ids), then forward, token log-probs (agentrt's Forward), a
 PPO-ratio scalar loss and backward, on copies of one model with the same weights: eager and
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from agentrt.packing import Forward, Layout, layout
+from agentrt.runtime.packing import Forward, Layout, layout
 from agentrt.policies import build_model
 from agentrt.policies.models import load_model
 

@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from agentrt.config import load_config
-from agentrt.trainer import Trainer
+from agentrt.config.sections import load_config
+from agentrt.workloads.prompts.workload import Trainer
 
 ROWS = [("preference accuracy (held-out pairs)", "eval/pref_accuracy"),
         ("likelihood accuracy (held-out pairs)", "eval/pref_likelihood_accuracy"),

@@ -1,4 +1,4 @@
-"""Drift detection (agentrt.drift): false-alarm rate of runs without change, and the detection
+"""Drift detection (agentrt.controller.drift): false-alarm rate of runs without change, and the detection
 delay of runs whose reward is changed mid-run to pay for response length.
 
     .venv/bin/python bench/drift.py --seeds 0 1 2 3 4 5 6 7 --jobs 2 --keep /tmp/drift-runs
@@ -21,7 +21,7 @@ that each signal's first alert shows), one fresh process per run (``--jobs`` at 
 
 ``--keep DIR`` keeps the run folders; ``--replay DIR`` then feeds their logged episodes
 (``episodes.sqlite``: the same samples, log-probs and rewards the live monitor saw, step by step)
-through a :class:`agentrt.drift.DriftMonitor` with the drift section ``--drift`` gives, in
+through a :class:`agentrt.controller.drift.DriftMonitor` with the drift section ``--drift`` gives, in
 seconds: a replay with the runs' own section prints the live figures again, so detector settings
 are compared on the same runs.
 """
@@ -67,8 +67,8 @@ def read(path: Path) -> list[dict]:
 
 
 def train(cfg: dict, start: str = "auto") -> None:
-    from agentrt.config import validate_config
-    from agentrt.trainer import Trainer
+    from agentrt.config.sections import validate_config
+    from agentrt.workloads.prompts.workload import Trainer
 
     Trainer(validate_config(cfg), start=start).run()
 
@@ -87,7 +87,7 @@ def play(kind: str, folder: Path, model: Path, seed: int, args: argparse.Namespa
 
 def steps_of(run: Path) -> dict[int, list[Any]]:
     """The run's logged episodes per step, as the trajectories the monitor reads."""
-    from agentrt.episodes import EpisodeLog
+    from agentrt.controller.episodes import EpisodeLog
 
     out: dict[int, list[Any]] = {}
     for e in EpisodeLog(run):
@@ -100,7 +100,7 @@ def steps_of(run: Path) -> dict[int, list[Any]]:
 def monitor(run: Path, drift: dict) -> tuple[list[dict], list[dict]]:
     """(per checked step its drift/ metrics, the events): the run's episodes through a monitor
     with the drift section ``drift`` (action log)."""
-    from agentrt.drift import DriftConfig, DriftMonitor
+    from agentrt.controller.drift import DriftConfig, DriftMonitor
 
     steps = steps_of(run)
     texts = {tuple(t.response_ids): t.text for tr in sum(steps.values(), []) for t in tr.turns}

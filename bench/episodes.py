@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from agentrt.config import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig
-from agentrt.engine import HybridEngine
+from agentrt.config.sections import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig
+from agentrt.runtime.learner import HybridEngine
 from agentrt.policies import (
     ConnectFourHeuristic,
     KuhnPolicy,

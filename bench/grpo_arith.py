@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentrt.config import load_config
-from agentrt.trainer import Trainer
+from agentrt.config.sections import load_config
+from agentrt.workloads.prompts.workload import Trainer
 
 
 def run(config: str, overrides: list[str]) -> dict:

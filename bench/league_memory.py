@@ -4,7 +4,7 @@
     .venv/bin/python bench/league_memory.py --preset llama-small --arms no-snapshots lora-snapshots
 
 Every arm runs in a fresh subprocess, so its peak resident memory (``ru_maxrss``) is its own, on
-the real runtime: a :class:`~agentrt.pool.LocalPool` with two LoRA policies on one base model.
+the real runtime: a :class:`~agentrt.runtime.pool.LocalPool` with two LoRA policies on one base model.
 Each arm warms up (one GRPO step per learner), then plays the same league schedule: rounds of
 one GRPO step per learner followed by a snapshot of each (so snapshots differ), then one
 generation with every snapshot (all of them live at once) and one more step per learner.
@@ -44,8 +44,8 @@ MiB = 1024 * 1024
 # ---------------------------------------------------------------------------- one arm (child)
 def make_pools(arm: str, model_dir: str, new_tokens: int, batch: int) -> dict[str, Any]:
     """Learner id -> its pool: one pool (one base, two adapters) for LoRA, else one each."""
-    from agentrt.config import ModelConfig, PolicyConfig, SamplingConfig
-    from agentrt.pool import LocalPool
+    from agentrt.config.sections import ModelConfig, PolicyConfig, SamplingConfig
+    from agentrt.runtime.pool import LocalPool
 
     lora = arm != "full-weight"
 
@@ -61,7 +61,7 @@ def make_pools(arm: str, model_dir: str, new_tokens: int, batch: int) -> dict[st
 
 def grpo_step(pool: Any, pid: str, prompts: list[list[int]]) -> None:
     """Generate with ``pid`` and train it one GRPO step (groups of 2 on a toy reward)."""
-    from agentrt.types import Trajectory, Turn
+    from agentrt.core.types import Trajectory, Turn
 
     comps = pool.generate(prompts, adapter=pid)
     pool.train([Trajectory([Turn(p, c.response_ids, c.logprobs, policy_id=pid,
@@ -74,7 +74,7 @@ def freeze(arm: str, pool: Any, pid: str, tag: str) -> Any:
     """One snapshot of ``pid``: a name in the pool, or a deep copy's rollout."""
     if arm != "deepcopies":
         return pool.snapshot(pid, tag)
-    from agentrt.rollout.hf import HFRollout
+    from agentrt.runtime.rollout.hf import HFRollout
 
     model = copy.deepcopy(pool.engine.model)
     model.set_adapter(pid)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "tourname
 
 from league_replay import compare, flush, run_killed, run_through, state, write_config  # noqa: E402
 
-from agentrt.memory.redis_server import RedisServer  # noqa: E402
+from agentrt.testing.redis_server import RedisServer  # noqa: E402
 
 
 def main() -> int:

@@ -26,7 +26,7 @@ OLD_COMMIT = "8857db1"
 
 ARM = r"""
 import json, sys, time
-from agentrt.config import load_config
+from agentrt.config.sections import load_config
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.trainer import LeagueTrainer
 import agentrt

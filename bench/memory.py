@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np  # noqa: E402
 
 from agentrt.memory import FaissBank, bank_config, open_bank
-from agentrt.memory.redis_server import RedisServer
+from agentrt.testing.redis_server import RedisServer
 
 
 def make_data(n: int, n_queries: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,7 @@ Peak: the best GFLOP/s of fp32 and bf16 GEMMs of the sizes these models run (row
 x intermediate, rows = the rollout batch and the update's tokens), with the same thread count,
 through each GEMM torch has on a CPU: ``a @ b`` (MKL for fp32, which takes its AVX2 path on AMD
 CPUs) and oneDNN's inner product over a weight packed once (twice MKL's fp32 rate on an AMD EPYC;
-:mod:`agentrt.rollout.packed`). Rollout: one batched generate of ``--batch`` 2-digit addition
+:mod:`agentrt.runtime.rollout.packed`). Rollout: one batched generate of ``--batch`` 2-digit addition
 prompts (the agentrt HF rollout); the model FLOPs of the tokens it runs through the model (each
 distinct prompt's tokens once, the prefill; then every generated token but the last, the next
 step's input) per second; a token's FLOPs are 2 x the weights of every linear layer, lm_head
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from agentrt.rollout.packed import linear, pack
+from agentrt.runtime.rollout.packed import linear, pack
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -110,11 +110,11 @@ def lengths_of(batch) -> list[int]:
 
 
 def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float]:
-    from agentrt.config import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
-    from agentrt.engine import HybridEngine
+    from agentrt.config.sections import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
+    from agentrt.runtime.learner import HybridEngine
     from agentrt.policies import build_model
-    from agentrt.tasks import encode_prompt, make_splits
-    from agentrt.types import Trajectory, Turn, collate
+    from agentrt.envs.tasks import encode_prompt, make_splits
+    from agentrt.core.types import Trajectory, Turn, collate
 
     path = build_model(folder / preset, preset, seed=0)
     cfg = PolicyConfig(model=ModelConfig(path=str(path), dtype=a.dtype),
@@ -183,7 +183,7 @@ def main() -> None:
                     "time; that update's seconds then include the profiler's)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    from agentrt.allocator import keep_freed_memory
+    from agentrt.runtime.allocator import keep_freed_memory
 
     keep_freed_memory()  # as every agentrt run's controller does (runtime.keep_freed_memory)
     shapes = [(a.batch, 256, 1024), (a.batch, 1024, 256), (a.batch, 128, 512),

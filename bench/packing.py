@@ -40,11 +40,11 @@ from pathlib import Path
 
 import torch
 
-from agentrt.config import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
-from agentrt.engine import HybridEngine
+from agentrt.config.sections import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.runtime.learner import HybridEngine
 from agentrt.policies import build_model
-from agentrt.tasks import encode_prompt, make_splits
-from agentrt.types import TrainBatch, Trajectory, Turn, collate
+from agentrt.envs.tasks import encode_prompt, make_splits
+from agentrt.core.types import TrainBatch, Trajectory, Turn, collate
 
 PROMPTS, GROUP = 32, 8
 

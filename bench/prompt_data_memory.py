@@ -59,8 +59,8 @@ def task(path: Path) -> dict[str, Any]:
 
 
 def through_source(path: Path, batch: int) -> Marks:
-    from agentrt.config import TaskConfig
-    from agentrt.data import open_source
+    from agentrt.config.sections import TaskConfig
+    from agentrt.workloads.prompts.data import open_source
 
     source = open_source(TaskConfig(**task(path)), seed=0)
     source.start(None)
@@ -73,8 +73,8 @@ def through_source(path: Path, batch: int) -> Marks:
 
 
 def through_training(path: Path, folder: Path, per_step: int) -> Marks:
-    from agentrt.config import validate_config
-    from agentrt.trainer import Trainer
+    from agentrt.config.sections import validate_config
+    from agentrt.workloads.prompts.workload import Trainer
 
     steps = -(-MARKS[-1] // per_step)
     cfg = validate_config({

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from agentrt.config import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
-from agentrt.pool import BasePool, LocalPool
-from agentrt.ray_pool import PolicyPool
-from agentrt.types import Trajectory, Turn
+from agentrt.config.sections import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.runtime.pool import BasePool, LocalPool
+from agentrt.runtime.ray_pool import PolicyPool
+from agentrt.core.types import Trajectory, Turn
 
 
 def policy(model_dir: Path, workers: int, new_tokens: int) -> PolicyConfig:

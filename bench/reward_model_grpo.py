@@ -30,8 +30,8 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
-from agentrt.config import load_config
-from agentrt.trainer import Trainer
+from agentrt.config.sections import load_config
+from agentrt.workloads.prompts.workload import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -47,11 +47,11 @@ from pathlib import Path
 
 import torch
 
-from agentrt.config import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig, VLLMConfig
-from agentrt.engine import HybridEngine
+from agentrt.config.sections import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig, VLLMConfig
+from agentrt.runtime.learner import HybridEngine
 from agentrt.policies import build_model
-from agentrt.rollout import VLLMRollout
-from agentrt.types import Trajectory, Turn, collate
+from agentrt.runtime.rollout import VLLMRollout
+from agentrt.core.types import Trajectory, Turn, collate
 
 VLLM_CFG = VLLMConfig(kv_cache_gib=0.5, max_model_len=1024, max_num_seqs=128)
 DECODE_GRID = [(batch, new) for batch in (64, 256) for new in (6, 32)]
@@ -101,8 +101,8 @@ def multi_turn_workload(generate, episodes: int = 32, turns: int = 3) -> tuple[i
 RESTART = """
 import sys, time
 start = time.perf_counter()
-from agentrt.config import VLLMConfig
-from agentrt.rollout import VLLMRollout
+from agentrt.config.sections import VLLMConfig
+from agentrt.runtime.rollout import VLLMRollout
 VLLMRollout(sys.argv[1], VLLMConfig.model_validate_json(sys.argv[2]))
 print(time.perf_counter() - start)
 """
@@ -184,7 +184,7 @@ def bench_decode(presets: list[str], workdir: Path, rounds: int) -> None:
     from mfu import forward_flops, gemm_peak  # bench/mfu.py: one FLOP count for every bench
 
     from agentrt.policies import load_model
-    from agentrt.rollout.hf import HFRollout
+    from agentrt.runtime.rollout.hf import HFRollout
 
     shapes = [(b, 256, 1024) for b, _ in DECODE_GRID] + [(256, 1024, 256), (256, 256, 768)]
     peaks = {"fp32": gemm_peak(torch.float32, shapes, 3), "bf16": gemm_peak(torch.bfloat16,

@@ -3,7 +3,7 @@ once against the same rows packed unshared.
 
 For llama-tiny and llama-small and three batches of 32 prompts (7 tokens) x 8 responses (2-6,
 20-32 and 4-64 tokens), it times the policy's forward, token log-probs and backward over
-``agentrt.packing.layout`` without prefixes (``unshared``), with them as the engine builds it
+``agentrt.runtime.packing.layout`` without prefixes (``unshared``), with them as the engine builds it
 (``shared``: the cost model picks the segments) and by positions alone (``positions``: the
 layout with attention's cost left out, hidden 0). Prints per layout its rows x width, the prompt tokens not computed, the
 median CPU seconds of interleaved repetitions on one thread, the ratio to ``unshared``, and the
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from agentrt.packing import Forward, Layout, layout
+from agentrt.runtime.packing import Forward, Layout, layout
 from agentrt.policies import build_model, load_model
-from agentrt.types import Trajectory, Turn, collate
+from agentrt.core.types import Trajectory, Turn, collate
 
 BATCHES = {"2-6 tokens": (2, 6), "20-32 tokens": (20, 32), "4-64 tokens": (4, 64)}
 

@@ -36,7 +36,7 @@ from oldcode import ROOT, export, run_arm
 ARM = r"""
 import json, resource, sys, time
 from pathlib import Path
-from agentrt.config import load_config
+from agentrt.config.sections import load_config
 import agentrt
 kind, config, overrides = sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 if kind == "league":
@@ -44,7 +44,7 @@ if kind == "league":
     from agentrt.tournaments.trainer import LeagueTrainer as Run
     cfg = load_config(config, overrides, model=TournamentRunConfig)
 else:
-    from agentrt.trainer import Trainer as Run
+    from agentrt.workloads.prompts.workload import Trainer as Run
     cfg = load_config(config, overrides)
 start = time.perf_counter()
 Run(cfg).run()

@@ -2,7 +2,7 @@
 
 The arithmetic GRPO job (examples/arith_grpo.yaml: llama-tiny, 32 prompts x 8 completions per
 step, no SFT here) runs a few timed steps in a fresh process per arm: ``default`` leaves
-``threads`` unset (agentrt.threads tunes it), ``threads=1`` pins one thread. Arms alternate,
+``threads`` unset (agentrt.runtime.threads tunes it), ``threads=1`` pins one thread. Arms alternate,
 rounds repeat, medians are compared. Two conditions, in one run: as the machine is, and with a
 busy process spinning on one core for the whole arm (a second job on a shared 2-core box).
 Prints seconds per step of each arm, the ratio default/threads=1 of steps per second (>= 1.0:
@@ -32,8 +32,8 @@ CONFIG = ROOT / "examples" / "arith_grpo.yaml"
 
 ARM = r"""
 import json, sys, time
-from agentrt.config import load_config
-from agentrt.trainer import Trainer
+from agentrt.config.sections import load_config
+from agentrt.workloads.prompts.workload import Trainer
 overrides, steps = json.loads(sys.argv[1]), int(sys.argv[2])
 cfg = load_config(sys.argv[3], overrides)
 Trainer(cfg).run(stop_after=0)  # model build, tuning, step-0 eval and checkpoint: not timed

@@ -62,8 +62,8 @@ TOL = {"fp32": {"logprobs": 2e-4, "advantages": 1e-5, "loss": 1e-5, "grad_norm":
 
 def examples(n: int, seed: int) -> list:
     """The arithmetic task's training examples (2-digit addition), as agentrt draws them."""
-    from agentrt.config import TaskConfig
-    from agentrt.data import open_source
+    from agentrt.config.sections import TaskConfig
+    from agentrt.workloads.prompts.data import open_source
 
     return open_source(TaskConfig.model_validate(task_config(n)), seed).next(n)
 
@@ -94,7 +94,7 @@ def agentrt_config(model_dir: str, tokens: int, steps: int, run_dir: str, thread
                    backend: str, overrides: list[str], precision: str = "fp32"):
     import yaml
 
-    from agentrt.config import load_config
+    from agentrt.config.sections import load_config
 
     raw = {
         "seed": SEED, "run_dir": run_dir, "progress": False, "threads": threads,
@@ -115,8 +115,8 @@ def agentrt_config(model_dir: str, tokens: int, steps: int, run_dir: str, thread
 
 
 def run_agentrt(a: argparse.Namespace) -> dict:
-    from agentrt.run import RunDir
-    from agentrt.trainer import Trainer
+    from agentrt.controller.run_dir import RunDir
+    from agentrt.workloads.prompts.workload import Trainer
 
     # The process's CPU seconds at each metrics row (one per step): on a loaded machine CPU time
     # per step is steadier than wall time. Instrumentation only; the row is written unchanged.

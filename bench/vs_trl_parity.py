@@ -15,10 +15,10 @@ def run_parity(a: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from agentrt.engine import HybridEngine
+    from agentrt.runtime.learner import HybridEngine
     from agentrt.rewards import exact_match
-    from agentrt.tasks import encode_prompt
-    from agentrt.types import Trajectory, Turn, collate
+    from agentrt.envs.tasks import encode_prompt
+    from agentrt.core.types import Trajectory, Turn, collate
 
     cfg = agentrt_config(a.model_dir, a.tokens, 1, "unused", a.threads, "hf", a.set,
                          a.precision).policy

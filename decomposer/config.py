@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from agentrt.config import (CheckpointConfig, ExportConfig, GuardsConfig, PolicyConfig,
+from agentrt.config.sections import (CheckpointConfig, ExportConfig, GuardsConfig, PolicyConfig,
                             RuntimeConfig, Section, SFTConfig)
-from agentrt.drift import DriftConfig
+from agentrt.controller.drift import DriftConfig
 from agentrt.decomposer.router import RouterConfig
 from agentrt.decomposer.sdk import WHOLE, make_family
 
@@ -92,7 +92,7 @@ class DecomposeConfig(Section):
     seed: int = Field(0, description="Global seed for torch, numpy and python.")
     run_dir: str = Field("runs/decompose", description="Output folder for this run.")
     threads: int | None = Field(None, gt=0, description="torch threads (default: tuned, see "
-                                "agentrt.threads).")
+                                "agentrt.runtime.threads).")
     family: FamilyConfig = Field(default_factory=FamilyConfig)
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     policies: list[SpecialistPolicy] = Field(..., min_length=1, description="LM policies.")

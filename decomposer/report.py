@@ -18,8 +18,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from agentrt.errors import AgentrtError
-from agentrt.run import atomic_write_text, read_jsonl
+from agentrt.core.errors import AgentrtError
+from agentrt.controller.run_dir import atomic_write_text, read_jsonl
 
 
 def routing_over_time(chains: list[dict[str, Any]]) -> dict[str, dict[str, dict[int, int]]]:

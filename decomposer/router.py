@@ -54,10 +54,10 @@ from typing import Any, Literal, Mapping
 
 from pydantic import Field, field_validator
 
-from agentrt.errors import AgentrtError, ConfigError
+from agentrt.core.errors import AgentrtError, ConfigError
 from agentrt.memory import BankConfig, MemoryBank, open_bank
 from agentrt.memory.embedders import EMBEDDERS
-from agentrt.schema import ConfigModel
+from agentrt.core.schema import ConfigModel
 from agentrt.tournaments.ratings import OpenSkillRatings
 from agentrt.tournaments.types import Match, MatchResult, Player
 

@@ -41,8 +41,8 @@ from typing import Any, Callable, Mapping
 from pydantic import BaseModel
 
 from agentrt.decomposer.plan import Plan, Step
-from agentrt.registry import Registry
-from agentrt.schema import ConfigModel
+from agentrt.core.registry import Registry
+from agentrt.core.schema import ConfigModel
 
 
 @dataclass(frozen=True)

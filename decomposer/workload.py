@@ -19,20 +19,20 @@ import logging
 from collections import Counter, defaultdict
 from typing import Any, Callable
 
-from agentrt.config import dump_config
-from agentrt.controller import Controller, greedy, set_threads
+from agentrt.config.sections import dump_config
+from agentrt.controller.loop import Controller, greedy, set_threads
 from agentrt.decomposer.config import DecomposeConfig
 from agentrt.decomposer.env import PLANNER, ChainEnv, family_splits
 from agentrt.decomposer.router import Router
 from agentrt.decomposer.sdk import WHOLE
 from agentrt.policies.base import as_policy
 from agentrt.policies.lm import LMPolicy, PromptTemplate
-from agentrt.registry import import_callable
-from agentrt.run import RunDir, seed_everything, truncate_jsonl
+from agentrt.core.registry import import_callable
+from agentrt.controller.run_dir import RunDir, seed_everything, truncate_jsonl
 from agentrt.runner.core import ROUTED, EpisodeRecord, EpisodeRunner, EpisodeSpec, RunnerConfig
 from agentrt.runner.core import RunResult
-from agentrt.tasks import Example
-from agentrt.trainer import PromptSampler, sft_warm_start
+from agentrt.envs.tasks import Example
+from agentrt.workloads.prompts.workload import PromptSampler, sft_warm_start
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ def chain_metrics(chains: list[dict[str, Any]], prefix: str) -> dict[str, float]
 
 class Decomposer:
     """Runs ``agentrt decompose run``: the controller loop over a :class:`DecomposeWorkload`
-    (``start``: as :class:`agentrt.trainer.Trainer`'s)."""
+    (``start``: as :class:`agentrt.workloads.prompts.workload.Trainer`'s)."""
 
     def __init__(self, cfg: DecomposeConfig, start: str = "auto") -> None:
         self.cfg = cfg

@@ -16,8 +16,8 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from agentrt.envs.core import MultiAgentEnv, SingleAgentGame
-from agentrt.errors import ConfigError
-from agentrt.registry import Registry
+from agentrt.core.errors import ConfigError
+from agentrt.core.registry import Registry
 
 
 @dataclass(frozen=True)

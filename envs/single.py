@@ -2,7 +2,7 @@
 
 - ``Task-v0``: one prompt, one answer, reward from ``agentrt.rewards``: the example given to
   ``reset(options={"example": {prompt, answer, info}})`` (what ``agentrt train`` does, whatever
-  its prompt source), or one of a built-in task (``agentrt.tasks``).
+  its prompt source), or one of a built-in task (``agentrt.envs.tasks``).
 - ``ToolUse-v0``: an arithmetic question too long for mental math; the agent may call a calculator
   ("calc: 347*29") and gets "calc result: 10063" as its next observation, then answers
   ("answer: 10063").
@@ -26,7 +26,7 @@ import numpy as np
 from agentrt.envs.core import TextEnv, action_text
 from agentrt.rewards import resolve_reward, score
 from agentrt.rewards.deferred import deferred_info
-from agentrt.tasks import Example, make_splits
+from agentrt.envs.tasks import Example, make_splits
 
 
 @functools.lru_cache(maxsize=16)
@@ -48,10 +48,10 @@ class TaskEnv(_OneShot):
     """One example of a verifiable task per episode.
 
     Args:
-        task: Name in ``agentrt.tasks.TASKS`` ("arithmetic", "sort").
+        task: Name in ``agentrt.envs.tasks.TASKS`` ("arithmetic", "sort").
         split: "train" or "eval" (disjoint prompts).
         options: Task options (e.g. ``{"digits": 3}``).
-        train_size / eval_size / seed: Passed to ``agentrt.tasks.make_splits``.
+        train_size / eval_size / seed: Passed to ``agentrt.envs.tasks.make_splits``.
         reward: Reward name or "module:function" (see ``agentrt.rewards``); None leaves the
             reward to a batch scored after the episode (``agentrt.rewards.deferred``): the
             episode ends with reward 0 and what the reward needs in its final info.

@@ -2,7 +2,7 @@
 
 A reward is ``fn(prompt, response, info)``; ``info`` holds the example's answer
 (``info["answer"]``, from ``columns.answer``) and every ``columns.extra`` column under its own
-name. ``agentrt.data.keyword_reward`` adapts a function that takes the columns as keyword
+name. ``agentrt.workloads.prompts.data.keyword_reward`` adapts a function that takes the columns as keyword
 arguments instead.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agentrt.data.sources import keyword_reward
+from agentrt.workloads.prompts.data.sources import keyword_reward
 
 
 def _number(response: str) -> int | None:

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 
 from agentrt.rewards import exact_match
 from agentrt.rewards.model import encode
-from agentrt.tasks import Example, encode_prompt, make_splits
+from agentrt.envs.tasks import Example, encode_prompt, make_splits
 from arith_negatives import NEGATIVES, negative  # noqa: F401 - the test reads them here
 
 MAX_LENGTH = 64

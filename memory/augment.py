@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, Sequence
 from pydantic import Field
 
 from agentrt.memory.bank import MemoryBank
-from agentrt.schema import ConfigModel
+from agentrt.core.schema import ConfigModel
 
 WriteKind = Literal["outcome", "reflection", "facts"]
 CONTEXT_HEADER = "Memories:\n"

@@ -24,7 +24,7 @@ from pydantic import (Field, SecretStr, ValidationError, field_serializer,
                       model_validator)
 
 from agentrt.memory.errors import MemoryBankError
-from agentrt.schema import ConfigModel
+from agentrt.core.schema import ConfigModel
 
 
 class _Section(ConfigModel):
@@ -153,7 +153,7 @@ def bank_config(data: dict | BankConfig | None = None, **fields: object) -> Bank
     try:
         return BankConfig.model_validate(raw)
     except ValidationError as exc:
-        from agentrt.config import format_validation_error
+        from agentrt.config.sections import format_validation_error
 
         raise MemoryBankError(
             f"invalid memory bank config: {format_validation_error(exc)}"

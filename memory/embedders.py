@@ -15,7 +15,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from agentrt.memory.errors import MemoryBankError
-from agentrt.registry import Registry
+from agentrt.core.registry import Registry
 
 _WORD = re.compile(r"[a-z0-9]+")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrt.errors import AgentrtError
+from agentrt.core.errors import AgentrtError
 
 
 class MemoryBankError(AgentrtError):

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from pydantic import Field, model_validator
 
-from agentrt.errors import ConfigError
+from agentrt.core.errors import ConfigError
 from agentrt.memory.augment import MemoryConfig, write_episode_memories
 from agentrt.memory.bank import MemoryBank
 from agentrt.memory.config import BankConfig
-from agentrt.schema import ConfigModel
+from agentrt.core.schema import ConfigModel
 
 if TYPE_CHECKING:
     from agentrt.runner.core import EpisodeRecord

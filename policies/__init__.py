@@ -1,6 +1,6 @@
 """Policies: LM policies over Hugging Face models and the factory for small local models."""
 
-from agentrt.lazy import lazy_exports
+from agentrt.core.lazy import lazy_exports
 
 # Loaded on first use: the scripted policies and presets import without torch or transformers.
 __getattr__, __dir__, __all__ = lazy_exports(__name__, globals(), {

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from agentrt.types import Turn
+from agentrt.core.types import Turn
 
 log = logging.getLogger(__name__)
 

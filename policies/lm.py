@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from agentrt.policies.base import Action, ActRequest
-from agentrt.tasks import decode_texts, encode_texts
-from agentrt.types import Turn
+from agentrt.envs.tasks import decode_texts, encode_texts
+from agentrt.core.types import Turn
 
 MemoryHook = Callable[[list[ActRequest]], list[tuple[list[int], list[str]]]]
 
@@ -61,7 +61,7 @@ DEFAULT_TEMPLATE = PromptTemplate()
 
 
 class LMPolicy:
-    """A :class:`~agentrt.policies.base.Policy` over a rollout engine (``agentrt.engine``).
+    """A :class:`~agentrt.policies.base.Policy` over a rollout engine (``agentrt.runtime.learner``).
 
     Args:
         engine: Has ``policy_id``, ``version``, ``tokenizer``, ``cfg`` and
@@ -116,7 +116,7 @@ class LMPolicy:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def encode_many(self, texts: list[str]) -> list[list[int]]:
-        """``encode`` of each text, in one batched call (:func:`agentrt.tasks.encode_texts`)."""
+        """``encode`` of each text, in one batched call (:func:`agentrt.envs.tasks.encode_texts`)."""
         return encode_texts(self.tokenizer, texts)
 
     def prompt_ids(self, request: ActRequest, context_ids: list[int] | None = None) -> list[int]:

@@ -24,7 +24,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from agentrt.errors import ModelLoadError
+from agentrt.core.errors import ModelLoadError
 from agentrt.policies.presets import PRESETS
 from transformers.utils import logging as hf_logging
 

@@ -23,10 +23,10 @@ from typing import Any, Callable
 import numpy as np
 
 from agentrt.envs.board import connects_four, ttt_winner
-from agentrt.errors import ConfigError
+from agentrt.core.errors import ConfigError
 from agentrt.policies.base import Action, ActRequest
-from agentrt.registry import Registry, import_callable
-from agentrt.seeding import random_state, set_random_state
+from agentrt.core.registry import Registry, import_callable
+from agentrt.core.seeding import random_state, set_random_state
 
 
 class ScriptedPolicy:

@@ -36,7 +36,7 @@ def redis_server():
     Fails, never skips, when redis-server is not installed: `make test` installs it.
     """
     from agentrt.memory.errors import BackendUnavailableError
-    from agentrt.memory.redis_server import RedisServer
+    from agentrt.testing.redis_server import RedisServer
 
     try:
         server = RedisServer().start()

@@ -17,8 +17,8 @@ from agentrt.algos import (
     entropy_from_logits,
     masked_whiten,
 )
-from agentrt.config import AlgorithmConfig, KLConfig
-from agentrt.registry import Registry
+from agentrt.config.sections import AlgorithmConfig, KLConfig
+from agentrt.core.registry import Registry
 
 
 def algo(**kw):
@@ -199,7 +199,7 @@ def test_entropy_and_whiten():
     assert float(entropy_from_logits(logits)) == pytest.approx(math.log(4))
     # The entropy a token carries is that of the softmax it was sampled from (the previous
     # position's logits), the same alignment as its log-prob.
-    from agentrt.steps import shift_entropy, shift_logprobs
+    from agentrt.runtime.steps import shift_entropy, shift_logprobs
 
     sharp = torch.full((4,), -30.0).index_fill(0, torch.tensor([2]), 30.0)
     seq = torch.stack([torch.zeros(4), sharp, torch.zeros(4)])[None]  # [1, 3, 4]
@@ -224,7 +224,7 @@ def test_registry_rejects_duplicates_and_lists_valid_names():
 def test_registry_imports_an_unregistered_module_path():
     """'package.module:attr' needs no registration; a path to nothing is a ConfigError and is
     not kept (a later fix of the module is found)."""
-    from agentrt.errors import ConfigError
+    from agentrt.core.errors import ConfigError
 
     reg: Registry[object] = Registry("thing")
     assert reg.get("math:sqrt") is math.sqrt and "math:sqrt" in reg

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from agentrt.config import RuntimeConfig
+from agentrt.config.sections import RuntimeConfig
 
 PROBE = """
 import json, resource, sys, torch
-from agentrt.allocator import keep_freed_memory
+from agentrt.runtime.allocator import keep_freed_memory
 applied = keep_freed_memory(sys.argv[1] == "keep")
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),
@@ -53,7 +53,7 @@ def test_on_by_default_and_off_by_config():
 def test_setup_objects_are_frozen_until_the_run_ends():
     import gc
 
-    from agentrt.allocator import freeze_setup_objects, release_setup_objects
+    from agentrt.runtime.allocator import freeze_setup_objects, release_setup_objects
 
     assert gc.get_freeze_count() == 0
     freeze_setup_objects()
@@ -74,9 +74,9 @@ FREEZE_COUNTS: list[int] = []
 def test_a_run_freezes_after_its_first_step_and_releases_at_its_end(tmp_path, tiny_model_dir):
     import gc
 
-    from agentrt.config import validate_config
+    from agentrt.config.sections import validate_config
     from agentrt.rewards import reward
-    from agentrt.trainer import Trainer
+    from agentrt.workloads.prompts.workload import Trainer
     from test_trainer import small_config
 
     @reward("test_freeze_count")

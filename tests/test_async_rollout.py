@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrt.config import PolicyConfig, TrainConfig, validate_config
-from agentrt.episodes import EpisodeLog
-from agentrt.errors import ConfigError
-from agentrt.pool import LocalPool
+from agentrt.config.sections import PolicyConfig, TrainConfig, validate_config
+from agentrt.controller.episodes import EpisodeLog
+from agentrt.core.errors import ConfigError
+from agentrt.runtime.pool import LocalPool
 from agentrt.rewards import reward
-from agentrt.trainer import Trainer
-from agentrt.types import Trajectory, Turn, collate
+from agentrt.workloads.prompts.workload import Trainer
+from agentrt.core.types import Trajectory, Turn, collate
 
 
 @reward("async_test_digits")

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from agentrt import attention
-from agentrt.config import AlgorithmConfig
+from agentrt.runtime import attention
+from agentrt.config.sections import AlgorithmConfig
 from test_engine import make_engine
 from test_packing import ARMS, update_steps, varied_batch
 

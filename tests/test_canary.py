@@ -1,6 +1,6 @@
 """Canary releases (issue 15, must-show 2).
 
-The statistics (agentrt.canary) with fixed seeds: the maximum sample size is the normal
+The statistics (agentrt.serving.canary_stats) with fixed seeds: the maximum sample size is the normal
 approximation's fixed-sample size times the design's inflation, checked here from the formula
 with the standard library; a planted better candidate is promoted and a planted worse one rolled
 back, each within that maximum; a few hundred seeded simulations give the stated error rates.
@@ -27,8 +27,8 @@ import httpx
 import numpy as np
 import pytest
 
-from agentrt.canary import CanaryTest, SequentialTest, design
-from agentrt.config import SamplingConfig
+from agentrt.serving.canary_stats import CanaryTest, SequentialTest, design
+from agentrt.config.sections import SamplingConfig
 from agentrt.policies import build_model
 from agentrt.serving.protocol import encode_text
 from test_cli_check import run_cli

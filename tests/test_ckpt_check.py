@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrt.ckpt_check import check
+from agentrt.tools.ckpt_check import check
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENTRT = [sys.executable, "-m", "agentrt.cli"]

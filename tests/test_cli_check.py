@@ -268,7 +268,7 @@ def test_bad_input_to_any_command_is_one_line(name: str, tmp_path: Path, monkeyp
 
 
 def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch, capsys) -> None:
-    from agentrt.errors import ConfigError
+    from agentrt.core.errors import ConfigError
 
     monkeypatch.setattr(sys, "argv", ["agentrt", "--debug", "check-config", str(tmp_path / "x")])
     with pytest.raises(ConfigError, match="does not exist"):
@@ -291,7 +291,7 @@ def test_eval_opponents_default_needs_no_random_baseline(tmp_path: Path, monkeyp
 def test_config_help_lists_every_field(kind: str, monkeypatch, capsys) -> None:
     """config-help prints each field with its default and a description, and an unknown field
     or kind is one line."""
-    from agentrt.checks import config_model, describe_fields
+    from agentrt.tools.checks import config_model, describe_fields
 
     code, out, _ = run_cli(monkeypatch, capsys, "config-help", kind)
     assert code == 0

@@ -7,10 +7,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from agentrt.config import LoraConfig, ModelConfig, PolicyConfig, SamplingConfig
-from agentrt.engine import HybridEngine
+from agentrt.config.sections import LoraConfig, ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.runtime.learner import HybridEngine
 from agentrt.policies import build_model
-from agentrt.types import Trajectory, Turn, collate
+from agentrt.core.types import Trajectory, Turn, collate
 
 
 def batch_of(engine: HybridEngine, prompts: list[str], group: int):

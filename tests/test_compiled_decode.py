@@ -10,9 +10,9 @@ import pytest
 import torch
 from agentrt.policies import build_model, load_model
 
-from agentrt.config import SamplingConfig
-from agentrt.rollout.compiled import plain_plan
-from agentrt.rollout.static import StaticDecoder
+from agentrt.config.sections import SamplingConfig
+from agentrt.runtime.rollout.compiled import plain_plan
+from agentrt.runtime.rollout.static import StaticDecoder
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Online control (agentrt.control): a real ``agentrt train`` process on llama-nano takes
+"""Online control (agentrt.controller.control): a real ``agentrt train`` process on llama-nano takes
 commands through its HTTP endpoint (``agentrt ctl``) and a real Redis stream while it runs.
 
 One scenario, run once for the module: the run starts paused (``control.start_paused``), is told
@@ -27,10 +27,10 @@ import redis
 import yaml
 
 from agentrt.cli import main
-from agentrt.config import load_config
-from agentrt.control_client import send
-from agentrt.episodes import EpisodeLog
-from agentrt.trainer import Trainer
+from agentrt.config.sections import load_config
+from agentrt.controller.control.client import send
+from agentrt.controller.episodes import EpisodeLog
+from agentrt.workloads.prompts.workload import Trainer
 
 STEPS, PROMPTS, GROUP, PAUSE, STALENESS, MAX_GROUPS = 14, 2, 8, 11, 8, 10
 
@@ -76,7 +76,7 @@ def raw_post(url: str, body: dict[str, Any], token: str | None) -> tuple[int, di
 
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from agentrt.memory.redis_server import RedisServer
+    from agentrt.testing.redis_server import RedisServer
     from agentrt.policies import build_model
 
     base = tmp_path_factory.mktemp("control")
@@ -276,8 +276,8 @@ def test_a_restarted_ray_worker_keeps_the_live_values(ray_session, tmp_path) -> 
     Ray restarts the actor with the config it started with, the pool applies the change again."""
     import signal
 
-    from agentrt.config import PolicyConfig, RuntimeConfig
-    from agentrt.ray_pool import PolicyPool
+    from agentrt.config.sections import PolicyConfig, RuntimeConfig
+    from agentrt.runtime.ray_pool import PolicyPool
 
     cfg = PolicyConfig(id="p", model={"preset": "llama-nano"}, optim={"lr": 1e-4})
     pool = PolicyPool([cfg], seed=0, total_steps=10, workdir=tmp_path,

@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 
-from agentrt.config import validate_config
-from agentrt.debug import DRIFT_NATS, diagnose
-from agentrt.episodes import EpisodeLog
-from agentrt.tasks import make_splits
-from agentrt.trainer import PromptWorkload, Trainer
-from agentrt.types import Trajectory, Turn
+from agentrt.config.sections import validate_config
+from agentrt.tools.debug import DRIFT_NATS, diagnose
+from agentrt.controller.episodes import EpisodeLog
+from agentrt.envs.tasks import make_splits
+from agentrt.workloads.prompts.workload import PromptWorkload, Trainer
+from agentrt.core.types import Trajectory, Turn
 from test_cli_check import run_cli  # the real entry point, in this process
 
 TASK = {"name": "arithmetic", "train_size": 32, "eval_size": 8, "seed": 5}

@@ -1,4 +1,4 @@
-"""Drift detection (agentrt.drift, issue 15 must-show 4): a reward changed mid-run to pay for
+"""Drift detection (agentrt.controller.drift, issue 15 must-show 4): a reward changed mid-run to pay for
 length is flagged on response length within 20 steps and the configured rollback happens; a run
 without change raises no alert over 200 steps (bench/drift.py: the same over 24 seeds, with the
 false-alarm rate). Real llama-nano training throughout."""
@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentrt.config import PolicyConfig, validate_config
-from agentrt.drift import DriftConfig, SignalTest, compare, ks_2samp, psi, weights_sha256
-from agentrt.pool import LocalPool
+from agentrt.config.sections import PolicyConfig, validate_config
+from agentrt.controller.drift import DriftConfig, SignalTest, compare, ks_2samp, psi, weights_sha256
+from agentrt.runtime.pool import LocalPool
 from agentrt.rewards import reward
-from agentrt.run import load_checkpoint
-from agentrt.trainer import Trainer
+from agentrt.controller.run_dir import load_checkpoint
+from agentrt.workloads.prompts.workload import Trainer
 
 DEFAULTS = DriftConfig()  # the drift section's defaults, measured by bench/drift.py
 

@@ -7,12 +7,12 @@ import functools
 import pytest
 import torch
 
-from agentrt.config import AlgorithmConfig, LoraConfig, ModelConfig, PolicyConfig, SamplingConfig
-from agentrt.engine import HybridEngine
-from agentrt.micro_losses import policy_loss
-from agentrt.errors import ModelLoadError
+from agentrt.config.sections import AlgorithmConfig, LoraConfig, ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.runtime.learner import HybridEngine
+from agentrt.runtime.losses import policy_loss
+from agentrt.core.errors import ModelLoadError
 from agentrt.policies import load_model
-from agentrt.types import Trajectory, Turn, collate
+from agentrt.core.types import Trajectory, Turn, collate
 
 PROMPTS = [f"{a}+{b}=" for a, b in [(1, 2), (13, 40), (7, 77), (50, 5), (99, 1), (3, 3)]]
 
@@ -340,8 +340,8 @@ def test_lora_dropout_is_off_in_rl_updates_so_the_first_ratio_is_one(tiny_model_
 
 
 def test_warm_start_end_rebases_the_critic_on_the_warm_started_body(tiny_model_dir):
-    from agentrt.config import SFTConfig
-    from agentrt.worker import PolicyWorker
+    from agentrt.config.sections import SFTConfig
+    from agentrt.runtime.worker import PolicyWorker
 
     cfg = PolicyConfig(model=ModelConfig(path=str(tiny_model_dir)),
                        algorithm=AlgorithmConfig(name="ppo"),

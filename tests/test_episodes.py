@@ -1,4 +1,4 @@
-"""The episode log (agentrt.episodes): every trained episode of ``agentrt train`` has a row under
+"""The episode log (agentrt.controller.episodes): every trained episode of ``agentrt train`` has a row under
 a stable id; a run killed after a step past its checkpoint and resumed ends with exactly the rows
 of an uninterrupted run (same ids, prompts, responses, rewards, log-probs), none twice, and a
 SIGKILL'd ``agentrt train`` process leaves whole steps only, from which a resume ends with the
@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrt.config import validate_config
-from agentrt.episodes import EPISODES, Episode, EpisodeLog, _dict_json, episode_id
-from agentrt.trainer import Trainer
+from agentrt.config.sections import validate_config
+from agentrt.controller.episodes import EPISODES, Episode, EpisodeLog, _dict_json, episode_id
+from agentrt.workloads.prompts.workload import Trainer
 
 PROMPTS, GROUP = 2, 2
 

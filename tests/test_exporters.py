@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentrt.config import ExportConfig, TrainConfig
-from agentrt.errors import ConfigError
-from agentrt.exporters import Exporters, MLflowExporter, PrometheusExporter, model_folders
+from agentrt.config.sections import ExportConfig, TrainConfig
+from agentrt.core.errors import ConfigError
+from agentrt.controller.exporters import Exporters, MLflowExporter, PrometheusExporter, model_folders
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +83,7 @@ def test_mlflow_logs_the_run_resumes_it_and_registers_the_final_models(tmp_path:
 
     from mlflow import MlflowClient
 
-    from agentrt.config import MLflowConfig
+    from agentrt.config.sections import MLflowConfig
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

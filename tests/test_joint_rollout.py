@@ -9,10 +9,10 @@ import logging
 import pytest
 import torch
 
-from agentrt.config import ModelConfig, PolicyConfig, SamplingConfig
-from agentrt.controller import PolicyHandle
+from agentrt.config.sections import ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.controller.loop import PolicyHandle
 from agentrt.policies import LMPolicy, PromptTemplate
-from agentrt.pool import LocalPool
+from agentrt.runtime.pool import LocalPool
 from agentrt.runner import EpisodeRunner, RunnerConfig, specs
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=3)
@@ -99,7 +99,7 @@ def test_generate_many_is_one_mixed_batch_equal_to_each_adapter_alone(pool):
 
 def test_a_ray_pool_decodes_the_joint_batch_as_the_local_pool_does(ray_session, pool,
                                                                    tiny_model_dir):
-    from agentrt.ray_pool import PolicyPool
+    from agentrt.runtime.ray_pool import PolicyPool
 
     remote = PolicyPool(_cfgs(tiny_model_dir, pool.worker.shared.is_lora), seed=0)
     try:

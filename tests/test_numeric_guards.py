@@ -1,4 +1,4 @@
-"""Numeric guards (agentrt.guards): poison in the config is refused before any work, and a run
+"""Numeric guards (agentrt.controller.guards): poison in the config is refused before any work, and a run
 whose rewards or updates fail stops with one line, exit code 2, and its last checkpoint intact."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 import torch
 import yaml
 
-from agentrt.config import GuardsConfig
-from agentrt.guards import RunGuard, RunStopped, nonfinite_tensors
+from agentrt.config.sections import GuardsConfig
+from agentrt.controller.guards import RunGuard, RunStopped, nonfinite_tensors
 from agentrt.rewards import score
-from agentrt.run import RunDir, load_checkpoint
+from agentrt.controller.run_dir import RunDir, load_checkpoint
 
 AGENTRT = [sys.executable, "-m", "agentrt.cli"]
 PROMPTS, GROUP, EVAL = 4, 2, 4

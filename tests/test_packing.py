@@ -7,11 +7,11 @@ import random
 import pytest
 import torch
 
-from agentrt.config import AlgorithmConfig, LoraConfig, validate_config
-from agentrt.errors import ConfigError
-from agentrt import packing
-from agentrt.packing import layout, plan_micro_batches
-from agentrt.types import Trajectory, Turn, collate
+from agentrt.config.sections import AlgorithmConfig, LoraConfig, validate_config
+from agentrt.core.errors import ConfigError
+from agentrt.runtime import packing
+from agentrt.runtime.packing import layout, plan_micro_batches
+from agentrt.core.types import Trajectory, Turn, collate
 from test_engine import make_engine, params_of
 
 BUDGET = 96  # small enough that rows of several lengths need several micro-batches

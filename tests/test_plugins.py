@@ -1,4 +1,4 @@
-"""Plugins (agentrt.plugins): examples/plugin_pkg brings its own env, scripted player, task and
+"""Plugins (agentrt.core.plugins): examples/plugin_pkg brings its own env, scripted player, task and
 reward, and `agentrt tournament run` and `agentrt train` use them from YAML alone."""
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ CONFIG = textwrap.dedent("""
 
 def test_import_option_and_entry_point(tmp_path: Path) -> None:
     """Without imports: the names are unknown; --import, or an installed distribution's
-    agentrt.plugins entry point, makes them resolve."""
+    agentrt.core.plugins entry point, makes them resolve."""
     config = tmp_path / "nim.yaml"
     config.write_text(CONFIG)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PLUGIN)}
@@ -161,7 +161,7 @@ def test_import_option_and_entry_point(tmp_path: Path) -> None:
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: agentrt-nim-plugin\n"
                                    "Version: 0.1.0\n")
-    (dist / "entry_points.txt").write_text("[agentrt.plugins]\nnim = nim_plugin\n")
+    (dist / "entry_points.txt").write_text("[agentrt.core.plugins]\nnim = nim_plugin\n")
     env["PYTHONPATH"] = f"{PLUGIN}:{tmp_path / 'site'}"
     proc = agentrt("check-config", str(config), cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr

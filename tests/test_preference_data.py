@@ -14,10 +14,10 @@ import pytest
 import torch
 import yaml
 
-from agentrt.config import DataConfig, PolicyConfig, load_config, validate_config
-from agentrt.errors import ConfigError
+from agentrt.config.sections import DataConfig, PolicyConfig, load_config, validate_config
+from agentrt.core.errors import ConfigError
 from agentrt.policies.models import load_model
-from agentrt.preference import (
+from agentrt.runtime.preference import (
     best_worst_pairs,
     load_preference_data,
     make_batch,
@@ -25,7 +25,7 @@ from agentrt.preference import (
     read_rows,
     tournament_pairs,
 )
-from agentrt.types import Trajectory, Turn
+from agentrt.core.types import Trajectory, Turn
 
 AGENTRT = [sys.executable, "-m", "agentrt.cli"]
 ROWS = [
@@ -120,7 +120,7 @@ def test_malformed_rows_counted_and_skipped_in_one_line(tmp_path, tok, caplog):
         {"prompt": "1+1=", "response": "2", "desirable": True},  # unpaired, needs kto
     ]
     path = write_jsonl(tmp_path / "d.jsonl", ROWS[:1] + bad)
-    with caplog.at_level(logging.INFO, logger="agentrt.preference"):
+    with caplog.at_level(logging.INFO, logger="agentrt.runtime.preference"):
         train, _ = load_preference_data(DataConfig(path=str(path), max_length=64,
                                                    eval_fraction=0.0), tok, False)
     assert len(train) == 1
@@ -242,8 +242,8 @@ def test_tournament_pairs_take_matched_turns_of_winner_and_loser():
 
 
 def test_tournament_pairs_train_an_online_dpo_engine(tiny_model_dir):
-    from agentrt.engine import HybridEngine
-    from agentrt.preference import preference_step
+    from agentrt.runtime.learner import HybridEngine
+    from agentrt.runtime.preference import preference_step
 
     cfg = PolicyConfig(model={"path": str(tiny_model_dir)}, optim={"lr": 1e-3},
                        algorithm={"name": "dpo", "online": True, "beta": 0.5})

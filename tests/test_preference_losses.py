@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from agentrt.algos import PREFERENCE_LOSSES, PreferenceIndex, sequence_logps
-from agentrt.config import AlgorithmConfig
-from agentrt.micro_losses import preference_loss
+from agentrt.config.sections import AlgorithmConfig
+from agentrt.runtime.losses import preference_loss
 
 
 def softplus(x: float) -> float:
@@ -144,8 +144,8 @@ def test_unpaired_flag_only_on_kto():
 def test_dpo_small_beta_gradient_is_the_log_ratio_difference_direction(tiny_model_dir):
     """grad DPO = -beta sigma(-beta h) grad h per pair -> -(beta / 2) grad sum(h) as beta -> 0."""
     from agentrt.policies.models import load_model
-    from agentrt.preference import make_batch, PreferenceExample
-    from agentrt.steps import shift_logprobs
+    from agentrt.runtime.preference import make_batch, PreferenceExample
+    from agentrt.runtime.steps import shift_logprobs
 
     torch.manual_seed(0)
     model, tok = load_model(tiny_model_dir)
@@ -186,9 +186,9 @@ def test_dpo_small_beta_gradient_is_the_log_ratio_difference_direction(tiny_mode
 
 def test_chosen_nll_term_adds_the_per_token_nll_of_the_best_responses(tiny_model_dir):
     """RPO: loss = preference loss + coef * mean over examples of -log p(best) / its length."""
-    from agentrt.config import PolicyConfig
-    from agentrt.engine import HybridEngine
-    from agentrt.preference import PreferenceExample, make_batch
+    from agentrt.config.sections import PolicyConfig
+    from agentrt.runtime.learner import HybridEngine
+    from agentrt.runtime.preference import PreferenceExample, make_batch
 
     def engine(coef):
         return HybridEngine(PolicyConfig(model={"path": str(tiny_model_dir)}, algorithm={

@@ -11,8 +11,8 @@ import pytest
 import torch
 from test_trainer import rows, small_config  # also registers the test rewards
 
-from agentrt.config import validate_config
-from agentrt.trainer import Trainer
+from agentrt.config.sections import validate_config
+from agentrt.workloads.prompts.workload import Trainer
 
 _GEN = Path(__file__).parents[1] / "examples" / "data" / "make_arith_prefs.py"
 _spec = importlib.util.spec_from_file_location("make_arith_prefs", _GEN)
@@ -118,7 +118,7 @@ def test_resume_and_malformed_rows(tmp_path, tiny_model_dir, caplog):
             "policy.algorithm": {"name": "dpo", "online": False, "beta": 0.1},
             "policy.optim.schedule": "cosine"}))
 
-    with caplog.at_level("WARNING", logger="agentrt.preference"):
+    with caplog.at_level("WARNING", logger="agentrt.runtime.preference"):
         Trainer(cfg(tmp_path / "a")).run()
     (line,) = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     assert "skipped 5 of 85 rows" in line

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from agentrt.progress import StepProgress
+from agentrt.controller.progress import StepProgress
 
 
 def test_redirected_progress_prints_steps_eta_and_every_evaluation() -> None:

@@ -1,4 +1,4 @@
-"""Prompt data sets from files (agentrt.data): JSONL, Parquet and saved datasets streamed with a
+"""Prompt data sets from files (agentrt.workloads.prompts.data): JSONL, Parquet and saved datasets streamed with a
 column mapping, a disjoint eval split, skipped rows counted, chat prompts rendered, and a resume
 that continues at the exact row, through real training runs of the nano model."""
 
@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from agentrt.config import TaskConfig, validate_config
-from agentrt.data import check_source, open_source
-from agentrt.data.readers import JsonlReader, open_reader
-from agentrt.data.sources import keyword_reward, render_messages
-from agentrt.errors import ConfigError
-from agentrt.trainer import Trainer
+from agentrt.config.sections import TaskConfig, validate_config
+from agentrt.workloads.prompts.data import check_source, open_source
+from agentrt.workloads.prompts.data.readers import JsonlReader, open_reader
+from agentrt.workloads.prompts.data.sources import keyword_reward, render_messages
+from agentrt.core.errors import ConfigError
+from agentrt.workloads.prompts.workload import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -99,8 +99,8 @@ def test_formats_give_the_same_stream(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet", "datasets"])
 def test_resume_mid_block_continues_with_the_same_rows(fmt: str, tmp_path: Path, monkeypatch
                                                         ) -> None:
-    monkeypatch.setattr("agentrt.data.readers.JSONL_BLOCK_BYTES", 700)  # many JSONL blocks
-    monkeypatch.setattr("agentrt.data.readers.DATASETS_BLOCK_ROWS", 40)
+    monkeypatch.setattr("agentrt.workloads.prompts.data.readers.JSONL_BLOCK_BYTES", 700)  # many JSONL blocks
+    monkeypatch.setattr("agentrt.workloads.prompts.data.readers.DATASETS_BLOCK_ROWS", 40)
     cfg = task(write(fmt, tmp_path, make_rows()), shuffle_buffer=16)
     first = open_source(cfg, seed=1)
     assert first.stream.reader.num_blocks > 4
@@ -139,7 +139,7 @@ def test_bad_rows_are_skipped_counted_and_warned_once(tmp_path: Path, caplog) ->
     path = tmp_path / "p.jsonl"
     path.write_text("\n".join(lines[:30] + bad + lines[30:]) + "\n")
     source = open_source(task(path, eval_size=4), seed=0)
-    with caplog.at_level(logging.WARNING, logger="agentrt.data"):
+    with caplog.at_level(logging.WARNING, logger="agentrt.workloads.prompts.data"):
         got = source.next(56 * 2)
     assert sorted(prompts(got)) == sorted([r["q"] for r in rows[4:]] * 2)
     assert source.metrics()["data/skipped_rows"] == 6 * 2  # both epochs

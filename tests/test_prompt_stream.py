@@ -1,4 +1,4 @@
-"""Prompts from a Redis stream (agentrt.data.redis_stream) against a real redis-server: every
+"""Prompts from a Redis stream (agentrt.workloads.prompts.data.redis_stream) against a real redis-server: every
 prompt trained on exactly once across a SIGKILL and a restart, the acknowledgement protocol
 step by step, finished episodes sent on, and a dead Redis as one line."""
 
@@ -19,9 +19,9 @@ import pytest
 import redis
 import yaml
 
-from agentrt.config import TaskConfig
-from agentrt.data import open_source
-from agentrt.data.sources import PromptDataError
+from agentrt.config.sections import TaskConfig
+from agentrt.workloads.prompts.data import open_source
+from agentrt.workloads.prompts.data.sources import PromptDataError
 from test_cli_check import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

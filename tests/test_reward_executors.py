@@ -19,13 +19,13 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from agentrt.config import TrainConfig, validate_config
-from agentrt.errors import ConfigError
-from agentrt.guards import RunStopped
+from agentrt.config.sections import TrainConfig, validate_config
+from agentrt.core.errors import ConfigError
+from agentrt.controller.guards import RunStopped
 from agentrt.rewards import Sample, build_executor, check_reward, parse_reward
 from agentrt.rewards.model import encode
-from agentrt.tasks import make_splits
-from agentrt.trainer import Trainer
+from agentrt.envs.tasks import make_splits
+from agentrt.workloads.prompts.workload import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = ROOT / "examples" / "reward_server.py"

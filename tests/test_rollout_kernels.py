@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import profile
 
-from agentrt.config import SamplingConfig
+from agentrt.config.sections import SamplingConfig
 from agentrt.policies import build_model, load_model
-from agentrt.rollout import kernels, packed
-from agentrt.rollout.static import StaticDecoder
+from agentrt.runtime.rollout import kernels, packed
+from agentrt.runtime.rollout.static import StaticDecoder
 
 
 def _reference(q, k_cache, v_cache, attend, scale):
@@ -65,7 +65,7 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_process(tmp_path):
     """torch's loader waits forever on the lock file of a build whose process was killed; the
     kernel is built in a folder of the process's own and moved into place, then loaded as is."""
     code = ("import pathlib, sys; from torch.utils import cpp_extension; "
-            "from agentrt.rollout import kernels; "
+            "from agentrt.runtime.rollout import kernels; "
             "d = pathlib.Path(cpp_extension._get_build_directory(kernels.build_name(), False)); "
             "(d / 'lock').touch(); print(kernels.available(), sorted(p.name for p in d.iterdir()))")
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}

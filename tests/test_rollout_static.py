@@ -10,11 +10,11 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from agentrt.config import RolloutConfig, SamplingConfig
+from agentrt.config.sections import RolloutConfig, SamplingConfig
 from agentrt.policies import build_model, load_model
-from agentrt.rollout.hf import HFRollout
-from agentrt.rollout.static import StaticDecoder
-from agentrt.weights import swapped_weights
+from agentrt.runtime.rollout.hf import HFRollout
+from agentrt.runtime.rollout.static import StaticDecoder
+from agentrt.runtime.shared_model import swapped_weights
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=12)
 
@@ -248,7 +248,7 @@ def test_mixed_adapter_batch_under_bf16_and_with_peft_layers_it_does_not_stack(t
     torch.testing.assert_close(torch.tensor([x for c in alone for x in c.logprobs[:1]]),
                                torch.tensor([x for c in mixed for x in c.logprobs[:1]]),
                                atol=0.05, rtol=0)
-    from agentrt.rollout.plan import _stacked_lora
+    from agentrt.runtime.rollout.plan import _stacked_lora
 
     model, tokenizer = _adapters_model(tiny_model_dir, dropout=0.5)
     q_proj = model.base_model.model.model.layers[0].self_attn.q_proj

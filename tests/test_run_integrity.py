@@ -31,11 +31,11 @@ import pytest
 import torch
 import yaml
 
-from agentrt.checkpoint import CheckpointError, load_checkpoint, sha256_of
-from agentrt.config import validate_config
-from agentrt.identity import RunFolderError
-from agentrt.run import RunDir
-from agentrt.trainer import Trainer
+from agentrt.controller.checkpoint import CheckpointError, load_checkpoint, sha256_of
+from agentrt.config.sections import validate_config
+from agentrt.controller.identity import RunFolderError
+from agentrt.controller.run_dir import RunDir
+from agentrt.workloads.prompts.workload import Trainer
 
 AGENTRT = [sys.executable, "-m", "agentrt.cli"]
 STEPS = 3
@@ -275,7 +275,7 @@ def test_a_rerun_with_another_seed_is_refused_unless_forced(train_run, tiny_mode
 def test_run_identity_holds_no_secret_and_names_what_differs() -> None:
     """run.json: credentials (a password field, a URL's password) are no part of a run's
     identity (they may rotate) and nothing in it derives from them; other fields are named."""
-    from agentrt.identity import differences, run_identity
+    from agentrt.controller.identity import differences, run_identity
 
     def cfg(seed: int, secret: str, db: int) -> dict[str, Any]:
         bank = {"backend": "redis", "url": f"redis://:{secret}@127.0.0.1:6379/{db}?password="

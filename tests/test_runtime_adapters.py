@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrt.config import AlgorithmConfig, ModelConfig, PolicyConfig, RuntimeConfig, SamplingConfig
-from agentrt.controller import Controller
-from agentrt.pool import LocalPool
-from agentrt.run import RunDir
-from agentrt.types import Trajectory, Turn
+from agentrt.config.sections import AlgorithmConfig, ModelConfig, PolicyConfig, RuntimeConfig, SamplingConfig
+from agentrt.controller.loop import Controller
+from agentrt.runtime.pool import LocalPool
+from agentrt.controller.run_dir import RunDir
+from agentrt.core.types import Trajectory, Turn
 
 ALGOS = {"p0": "grpo", "p1": "rloo", "p2": "reinforce++", "p3": "grpo"}
 

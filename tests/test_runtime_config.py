@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrt.config import load_config, parse_overrides, validate_config
-from agentrt.errors import ConfigError
+from agentrt.config.sections import load_config, parse_overrides, validate_config
+from agentrt.core.errors import ConfigError
 
 CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster"
 

@@ -14,10 +14,10 @@ import threading
 import pytest
 import torch
 
-from agentrt.config import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
-from agentrt.pool import LocalPool
-from agentrt.ray_pool import PolicyPool
-from agentrt.types import Trajectory, Turn
+from agentrt.config.sections import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.runtime.pool import LocalPool
+from agentrt.runtime.ray_pool import PolicyPool
+from agentrt.core.types import Trajectory, Turn
 
 
 def ppo_policy(model_dir, **extra) -> PolicyConfig:
@@ -52,8 +52,8 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 def test_local_pool_is_the_engine_loop_bit_for_bit(tiny_model_dir):
     """The in-process path through a pool gives exactly the engine's prepare/advantages/update
     (the single-policy run's results did not change)."""
-    from agentrt.engine import HybridEngine
-    from agentrt.types import collate
+    from agentrt.runtime.learner import HybridEngine
+    from agentrt.core.types import collate
 
     cfg = ppo_policy(tiny_model_dir)
     local, eng = LocalPool(cfg, seed=0), HybridEngine(cfg, seed=0)
@@ -110,7 +110,7 @@ def test_kill_9_of_a_worker_mid_run_loses_no_trajectory(pool, tiny_model_dir, ca
     batches = make_batches(local, 4, seed=1)
     start_version, victim = pool.version, pool.pids[1]
     metrics = []
-    with caplog.at_level(logging.WARNING, logger="agentrt.pool"):
+    with caplog.at_level(logging.WARNING, logger="agentrt.runtime.pool"):
         kill = threading.Timer(0.2, os.kill, (victim, signal.SIGKILL))
         for step, trajs in enumerate(batches):
             if step == 2:  # kill -9 while step 2 is in flight (or just before it starts)
@@ -137,7 +137,7 @@ def test_rows_sampled_before_a_step_are_recomputed_not_taken_from_the_rollout(
     local = LocalPool(ppo_policy(tiny_model_dir), seed=0)
     first, second = make_batches(local, 2)  # both sampled by version 0
     local.train(first)
-    with caplog.at_level(logging.WARNING, logger="agentrt.engine"):
+    with caplog.at_level(logging.WARNING, logger="agentrt.runtime.learner"):
         metrics = local.train(second)  # trained at version 1
     assert metrics["rollout/logprob_diff"] > 1e-3  # the recompute measured the old weights' gap
     assert local.engine.rollout_matches and not caplog.records

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrt.config import ModelConfig, PolicyConfig, SamplingConfig
-from agentrt.pool import LocalPool
-from agentrt.types import Trajectory, Turn
+from agentrt.config.sections import ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.runtime.pool import LocalPool
+from agentrt.core.types import Trajectory, Turn
 
 LEARNERS = ("p0", "p1")
 ROUNDS = 10  # one step and one snapshot per learner each round: 20 snapshots

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrt.config import validate_config
-from agentrt.trainer import Trainer
+from agentrt.config.sections import validate_config
+from agentrt.workloads.prompts.workload import Trainer
 
 STEPS = 4
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from agentrt.config import SamplingConfig
+from agentrt.config.sections import SamplingConfig
 from agentrt.policies import load_model
-from agentrt.rollout.hf import HFRollout
+from agentrt.runtime.rollout.hf import HFRollout
 
 
 def _distinct_first_tokens(model_dir, top_k: int, n: int = 2048) -> int:

@@ -12,8 +12,8 @@ from pathlib import Path
 import redis
 import yaml
 
-from agentrt.memory.redis_server import RedisServer
-from agentrt.ray_pool import LOOPBACK_ENV
+from agentrt.testing.redis_server import RedisServer
+from agentrt.runtime.ray_pool import LOOPBACK_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSWORD = "pw-7f3c9e1d-never-in-files"
@@ -22,8 +22,8 @@ PASSWORD = "pw-7f3c9e1d-never-in-files"
 # it started listen on (the GCS, raylet, agents, the driver's and the actor's core workers).
 LISTENERS = """
 import json, os, psutil
-from agentrt.config import RuntimeConfig
-from agentrt.ray_pool import ensure_ray
+from agentrt.config.sections import RuntimeConfig
+from agentrt.runtime.ray_pool import ensure_ray
 
 assert ensure_ray(RuntimeConfig(num_cpus=1))
 import ray  # as a user script may: after agentrt started it
@@ -92,7 +92,7 @@ def test_redis_password_never_reaches_a_file_of_the_run_folder(tmp_path):
 
 
 def test_password_from_the_environment_connects_and_is_never_saved(monkeypatch):
-    from agentrt.config import dump_config
+    from agentrt.config.sections import dump_config
     from agentrt.memory import open_bank
     from agentrt.memory.errors import MemoryBankError
     from agentrt.tournaments.run_config import TournamentRunConfig

@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from agentrt.cli import main
-from agentrt.config import LoraConfig, ModelConfig, PolicyConfig, SamplingConfig
-from agentrt.engine import HybridEngine
+from agentrt.config.sections import LoraConfig, ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.runtime.learner import HybridEngine
 from agentrt.policies import build_model
 from agentrt.serving.protocol import chat_prompt_ids, encode_text
 from agentrt.serving.sources import find_sources

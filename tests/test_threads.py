@@ -13,10 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from agentrt.config import validate_config
-from agentrt.threads import (ThreadTuner, apply_threads, candidates, forward_probe, runnable_now,
+from agentrt.config.sections import validate_config
+from agentrt.runtime.threads import (ThreadTuner, apply_threads, candidates, forward_probe, runnable_now,
                              set_threads, spare_cpus, spare_from, usable_cpus)
-from agentrt.trainer import Trainer
+from agentrt.workloads.prompts.workload import Trainer
 from test_trainer import rows, small_config  # also registers the test rewards
 
 

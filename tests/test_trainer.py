@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrt.config import validate_config
-from agentrt.errors import ConfigError
+from agentrt.config.sections import validate_config
+from agentrt.core.errors import ConfigError
 from agentrt.rewards import reward
-from agentrt.trainer import Trainer
+from agentrt.workloads.prompts.workload import Trainer
 
 AGENTRT = [sys.executable, "-m", "agentrt.cli"]
 
@@ -143,8 +143,8 @@ def test_reward_by_import_path_and_unknown_reward(tmp_path):
 def test_demonstrations_are_bos_prompt_then_answer_and_eos(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from agentrt.tasks import Example, encode_prompt
-    from agentrt.trainer import demonstrations
+    from agentrt.envs.tasks import Example, encode_prompt
+    from agentrt.workloads.prompts.workload import demonstrations
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     exs = [Example("12+7=", "19"), Example("", "5"), Example("3+4=", "")]
@@ -161,8 +161,8 @@ def test_demonstrations_are_bos_prompt_then_answer_and_eos(tiny_model_dir):
 def test_demonstrations_from_the_cache_are_those_encoded_afresh(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from agentrt.tasks import Example
-    from agentrt.trainer import demonstrations
+    from agentrt.envs.tasks import Example
+    from agentrt.workloads.prompts.workload import demonstrations
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     cache: dict[str, list[int]] = {}
@@ -182,8 +182,8 @@ def test_demonstrations_from_the_cache_are_those_encoded_afresh(tiny_model_dir):
 def test_the_demonstration_cache_starts_over_when_full(tiny_model_dir, monkeypatch):
     from transformers import AutoTokenizer
 
-    from agentrt import trainer
-    from agentrt.tasks import Example
+    from agentrt.workloads.prompts import workload
+    from agentrt.envs.tasks import Example
 
     monkeypatch.setattr(trainer, "DEMO_CACHE_TEXTS", 4)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -199,7 +199,7 @@ def test_the_demonstration_cache_starts_over_when_full(tiny_model_dir, monkeypat
 def test_repeated_texts_are_encoded_once_each_into_lists_of_their_own(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from agentrt.tasks import encode_texts
+    from agentrt.envs.tasks import encode_texts
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     calls = []
@@ -226,7 +226,7 @@ def test_texts_encode_as_transformers_encodes_them(tiny_model_dir):
     set on the Rust side or special tokens split keep transformers' call, with its ids."""
     from transformers import AutoTokenizer
 
-    from agentrt.tasks import encode_texts, rust_encoder
+    from agentrt.envs.tasks import encode_texts, rust_encoder
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     texts = ["12+7=", " spaced  out ", "é漢字🙂", "", f"{tok.eos_token}x{tok.bos_token}", "\n\t"]
@@ -252,7 +252,7 @@ def test_texts_decode_as_transformers_decodes_them(tiny_model_dir):
     not UTF-8 on their own too); a tokenizer that cleans up spaces keeps transformers' decode."""
     from transformers import AutoTokenizer
 
-    from agentrt.tasks import decode_texts
+    from agentrt.envs.tasks import decode_texts
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     text = [tok.bos_token_id, *tok.encode("12 + 7 = 19 ,ok", add_special_tokens=False)]

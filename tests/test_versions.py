@@ -1,4 +1,4 @@
-"""Policy versions (agentrt.versions): every checkpointed version and league snapshot has a
+"""Policy versions (agentrt.controller.versions): every checkpointed version and league snapshot has a
 record, and ``agentrt policies ls|show|diff`` read them. Two real ``agentrt train`` runs differ
 in config (lr), data (the task's seed) and reward source (two reward functions of one module);
 ``diff`` names each difference."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrt.versions import diff, read_versions
+from agentrt.controller.versions import diff, read_versions
 
 AGENTRT = [sys.executable, "-m", "agentrt.cli"]
 REWARDS = textwrap.dedent('''

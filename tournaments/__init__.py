@@ -8,7 +8,7 @@ pins an entrant to some seats. The
 role-conditioned advantage estimator lives in :mod:`agentrt.algos.rae`.
 """
 
-from agentrt.lazy import lazy_exports
+from agentrt.core.lazy import lazy_exports
 
 # Loaded on first use, so the config modules import without matplotlib (reports) or SQLite.
 __getattr__, __dir__, __all__ = lazy_exports(__name__, globals(), {

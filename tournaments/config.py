@@ -10,10 +10,10 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 from pydantic import Field, ValidationError, field_validator
 
-from agentrt.config import format_validation_error
-from agentrt.errors import ConfigError
-from agentrt.registry import Registry
-from agentrt.schema import ConfigModel
+from agentrt.config.sections import format_validation_error
+from agentrt.core.errors import ConfigError
+from agentrt.core.registry import Registry
+from agentrt.core.schema import ConfigModel
 from agentrt.tournaments.league import League, LeagueOptions
 from agentrt.tournaments.scheduling import RoundRobin, Scheduler
 from agentrt.tournaments.selfplay import PFSP, Lagged, Mirror, SnapshotRule, UniformFSP

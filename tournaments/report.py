@@ -269,7 +269,7 @@ def plot_eval_curves(rows: Sequence[dict[str, Any]]) -> Figure | None:
 
 def _run_sections(run_dir: Path) -> list[str]:
     """The run folder's evaluation curves and its resolved config (when it has them)."""
-    from agentrt.run import read_jsonl
+    from agentrt.controller.run_dir import read_jsonl
 
     out = []
     fig = plot_eval_curves(read_jsonl(run_dir / "metrics.jsonl"))

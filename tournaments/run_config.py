@@ -25,11 +25,11 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from agentrt.config import (CheckpointConfig, ExportConfig, GuardsConfig, PolicyConfig,
+from agentrt.config.sections import (CheckpointConfig, ExportConfig, GuardsConfig, PolicyConfig,
                             RuntimeConfig, Section)
-from agentrt.drift import DriftConfig
-from agentrt.errors import ConfigError
-from agentrt.registry import import_callable
+from agentrt.controller.drift import DriftConfig
+from agentrt.core.errors import ConfigError
+from agentrt.core.registry import import_callable
 from agentrt.memory.policy import MemoryBanksConfig, check_policy_memory
 from agentrt.runner.core import RunnerConfig
 from agentrt.tournaments.config import ScheduleConfig, build_scheduler
@@ -170,7 +170,7 @@ class TournamentRunConfig(Section):
     seed: int = Field(0, description="Global seed (torch, numpy, python, scheduler).")
     run_dir: str = Field("runs/tournament", description="Output folder of this run.")
     threads: int | None = Field(None, gt=0, description="torch threads (default: tuned, see "
-                                "agentrt.threads).")
+                                "agentrt.runtime.threads).")
     progress: bool = Field(True, description="Live progress on the terminal.")
     envs: tuple[EnvEntry, ...] = Field(..., min_length=1, description="Games played.")
     policies: tuple[LeaguePolicyConfig, ...] = Field(

@@ -39,7 +39,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from agentrt.registry import Registry
+from agentrt.core.registry import Registry
 from agentrt.tournaments.seating import (
     SeatBalancer,
     feasible_groups,

@@ -1,6 +1,6 @@
 """``agentrt tournament run``: learning LM policies play scheduled matches and train on them.
 
-The workload of the controller loop (:mod:`agentrt.controller`) for leagues and tournaments::
+The workload of the controller loop (:mod:`agentrt.controller.loop`) for leagues and tournaments::
 
     matches = tournament.next_matches(n)          # scheduler: format, opponents, seats, roles
     played  = runner.run(specs(matches))          # (controller) all games at once, batched
@@ -20,23 +20,23 @@ import logging
 from dataclasses import asdict
 from typing import Any
 
-from agentrt.config import SFTConfig, dump_config
-from agentrt.controller import Controller, greedy, set_threads
-from agentrt.identity import read_identity
+from agentrt.config.sections import SFTConfig, dump_config
+from agentrt.controller.loop import Controller, greedy, set_threads
+from agentrt.controller.identity import read_identity
 from agentrt.memory.policy import wire_memories
 from agentrt.policies.base import Action, ActRequest
 from agentrt.policies.lm import LMPolicy, PromptTemplate
 from agentrt.policies.scripted import load_scripted_state, scripted_factory, scripted_state
-from agentrt.progress import StepProgress
-from agentrt.run import RunDir, seed_everything
+from agentrt.controller.progress import StepProgress
+from agentrt.controller.run_dir import RunDir, seed_everything
 from agentrt.runner.core import EpisodeRecord, EpisodeRunner, EpisodeSpec, RunResult
-from agentrt.objectives import outcome_pairs, training_trajectories
-from agentrt.preference import PreferenceExample
+from agentrt.controller.objectives import outcome_pairs, training_trajectories
+from agentrt.runtime.preference import PreferenceExample
 from agentrt.tournaments.report import build_leaderboard, format_leaderboard
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.session import Tournament
 from agentrt.tournaments.types import Match, MatchResult
-from agentrt.types import Turn
+from agentrt.core.types import Turn
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ class LeagueWorkload:
         return out | {f"eval/win_rate_seat{s}{suffix}": r for s, r in rates.items()}
 
     def heldout_pairs(self, pid: str) -> list[PreferenceExample]:
-        """Outcome pairs (:func:`~agentrt.objectives.outcome_pairs`) of ``eval.games`` games per
+        """Outcome pairs (:func:`~agentrt.controller.objectives.outcome_pairs`) of ``eval.games`` games per
         eval opponent, sampled at the policy's temperature, never trained on."""
         lm = self.lm[pid]
         sampler = LMPolicy(lm.engine, self.templates, trainable=True, memory=lm.memory)
@@ -339,7 +339,7 @@ class LeagueWorkload:
 
 class LeagueTrainer:
     """Runs ``agentrt tournament run``: the controller loop over a :class:`LeagueWorkload`
-    (``start``: as :class:`agentrt.trainer.Trainer`'s)."""
+    (``start``: as :class:`agentrt.workloads.prompts.workload.Trainer`'s)."""
 
     def __init__(self, cfg: TournamentRunConfig, start: str = "auto") -> None:
         self.cfg = cfg

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrt.errors import AgentrtError
+from agentrt.core.errors import AgentrtError
 
 
 class TournamentError(AgentrtError):

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from agentrt.lazy import lazy_exports
-from agentrt.registry import Registry
+from agentrt.core.lazy import lazy_exports
+from agentrt.core.registry import Registry
 
 # The registries name their built-in entries here, loaded on first use, so a config naming an
 # algorithm is checked without importing torch. User code adds its own with ``.register(name)``.

@@ -1,6 +1,6 @@
 """Advantage estimators. One signature: ``fn(inputs, cfg) -> (advantages, returns)``.
 
-Shapes: every tensor is [B, T] aligned with ``input_ids`` (see ``agentrt.types``); advantages and
+Shapes: every tensor is [B, T] aligned with ``input_ids`` (see ``agentrt.core.types``); advantages and
 returns are zero wherever ``loss_mask`` is zero. ``cfg`` is the policy's ``AlgorithmConfig``
 (fields used: ``gamma``, ``lam``, ``norm_std``, ``eps``).
 """

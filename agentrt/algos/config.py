@@ -1,5 +1,5 @@
 """Config of a policy's algorithm: the preset, advantage estimator, policy loss, KL and
-preference-loss settings (``policy.algorithm`` in a run config; docs in agentrt.config)."""
+preference-loss settings (``policy.algorithm`` in a run config; docs in agentrt.config.sections)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from agentrt.schema import ConfigModel
+from agentrt.core.schema import ConfigModel
 
 
 class KLConfig(ConfigModel):
@@ -26,7 +26,7 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     "ppo": {"advantage": "gae", "critic": True},
     "rloo": {"advantage": "rloo"},
     "reinforce++": {"advantage": "reinforce++"},
-    # Preference post-training (agentrt.preference): a preference loss, no advantage estimator.
+    # Preference post-training (agentrt.runtime.preference): a preference loss, no advantage estimator.
     "dpo": {"preference_loss": "dpo"},
     "ipo": {"preference_loss": "ipo"},
     "kto": {"preference_loss": "kto"},

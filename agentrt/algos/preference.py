@@ -121,7 +121,7 @@ def group_mean(values: torch.Tensor, groups: torch.Tensor, num_groups: int) -> t
 
 
 # Implicit-reward differences within this are a tie: the same sequence's log-probs computed in
-# different rows (packed with other sequences, agentrt.packing) differ by float32 rounding.
+# different rows (packed with other sequences, agentrt.runtime.packing) differ by float32 rounding.
 TIE = 1e-4
 
 

@@ -13,7 +13,7 @@ or reference any importable function from YAML as ``reward: my_package.rewards:m
 A reward that raises, returns NaN/inf or a value beyond ``±REWARD_LIMIT`` (1e9: larger values
 overflow float32 statistics such as the group std) marks that sample as failed: it gets reward 0
 and is counted in ``reward/errors`` and ``reward/error_rate``. The run goes on unless more than
-``guards.max_reward_error_rate`` of a step's samples failed (:mod:`agentrt.guards`).
+``guards.max_reward_error_rate`` of a step's samples failed (:mod:`agentrt.controller.guards`).
 
 Where rewards come from is a *source* (docs/rewards.md): a Python function (``reward: name``, or
 ``{python: name, workers: 4, timeout_s: 5}``), an HTTP reward service (``{http: URL}``) or a
@@ -29,8 +29,8 @@ import logging
 import math
 from typing import Any, Callable
 
-from agentrt.errors import ConfigError
-from agentrt.registry import Registry, import_callable
+from agentrt.core.errors import ConfigError
+from agentrt.core.registry import Registry, import_callable
 
 RewardFn = Callable[[str, str, dict[str, Any]], float]
 REWARDS: Registry[RewardFn] = Registry("reward")

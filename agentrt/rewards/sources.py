@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator
 
-from agentrt.errors import ConfigError
-from agentrt.registry import Registry
-from agentrt.schema import ConfigModel
+from agentrt.core.errors import ConfigError
+from agentrt.core.registry import Registry
+from agentrt.core.schema import ConfigModel
 
 if TYPE_CHECKING:
     from agentrt.rewards.executors import RewardExecutor
@@ -196,7 +196,7 @@ def _source(i: int, item: Any) -> RewardSource:
     try:
         return REWARD_SOURCES.get(found[0]).model_validate(item)
     except ValidationError as exc:
-        from agentrt.config import format_validation_error
+        from agentrt.config.sections import format_validation_error
 
         raise ValueError(format_validation_error(exc, prefix=f"reward.{i}.")) from None
 

@@ -31,11 +31,11 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 from pydantic import Field
 
 from agentrt.envs import make_multi
-from agentrt.errors import AgentrtError, ConfigError
+from agentrt.core.errors import AgentrtError, ConfigError
 from agentrt.policies.base import Action, ActRequest, Policy, as_policy
 from agentrt.runner.joint import act_all
-from agentrt.schema import ConfigModel
-from agentrt.types import Trajectory, Turn
+from agentrt.core.schema import ConfigModel
+from agentrt.core.types import Trajectory, Turn
 
 
 class RunnerConfig(ConfigModel):

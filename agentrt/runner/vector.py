@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from agentrt.errors import ConfigError
+from agentrt.core.errors import ConfigError
 from agentrt.runner.core import EpisodeRecord, EpisodeSpec, episode_results
 
 _ENDS = ("", "terminated", "invalid", "turn_limit")

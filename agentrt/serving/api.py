@@ -25,9 +25,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agentrt.canary import Arm, Decision
-from agentrt.config import format_validation_error
-from agentrt.errors import AgentrtError
+from agentrt.serving.canary_stats import Arm, Decision
+from agentrt.config.sections import format_validation_error
+from agentrt.core.errors import AgentrtError
 from agentrt.rewards import RewardFn, resolve_reward, score
 from agentrt.serving.batcher import Batcher, Job
 from agentrt.serving.canary import CanaryConfig, CanaryLog, CanaryRun

@@ -17,10 +17,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from agentrt.config import SamplingConfig
-from agentrt.rollout.hf import Completion
+from agentrt.config.sections import SamplingConfig
+from agentrt.runtime.rollout.hf import Completion
 from agentrt.serving.host import ModelHost, Version
-from agentrt.threads import apply_threads
+from agentrt.runtime.threads import apply_threads
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A canary in ``agentrt serve``: a candidate version answers a share of a served name's requests,
 its responses' rewards are compared with the current version's by the sequential test of
-:mod:`agentrt.canary`, and it is promoted (it becomes the current version through the hot-swap
+:mod:`agentrt.serving.canary_stats`, and it is promoted (it becomes the current version through the hot-swap
 path) or rolled back (unloaded). Every look of the test is a JSON line in the canary log.
 
 Which arm answers a request is drawn from ``random.Random(seed)`` in the order requests are
@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import Field
 
-from agentrt.canary import Arm, CanaryTest, Decision, SequentialTest
+from agentrt.serving.canary_stats import Arm, CanaryTest, Decision, SequentialTest
 from agentrt.rewards import RewardFn
 from agentrt.serving.host import Version
 

@@ -23,9 +23,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from agentrt.config import SamplingConfig, VLLMConfig
-from agentrt.errors import AgentrtError
-from agentrt.rollout.hf import Completion, HFRollout
+from agentrt.config.sections import SamplingConfig, VLLMConfig
+from agentrt.core.errors import AgentrtError
+from agentrt.runtime.rollout.hf import Completion, HFRollout
 from agentrt.serving.sources import ADAPTER_CONFIG, Source, source_of
 
 OnStep = Callable[[list[int]], None]  # one new token id per batch row, after each decode step
@@ -59,7 +59,7 @@ class Module:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.lora_rank = lora_rank
         if backend == "vllm":
-            from agentrt.rollout.vllm_backend import VLLMRollout
+            from agentrt.runtime.rollout.vllm_backend import VLLMRollout
 
             self.vllm = VLLMRollout(path, vllm or VLLMConfig(), lora_rank=lora_rank)
             self.max_len = self.vllm.cfg.max_model_len

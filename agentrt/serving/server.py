@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from agentrt.errors import AgentrtError
+from agentrt.core.errors import AgentrtError
 
 log = logging.getLogger(__name__)
 TOKEN_ENV = "AGENTRT_SERVE_TOKEN"
@@ -41,8 +41,8 @@ def canary_defaults(**options: Any) -> dict[str, Any]:
     """
     from pydantic import ValidationError
 
-    from agentrt.canary import CanaryTest
-    from agentrt.config import format_validation_error
+    from agentrt.serving.canary_stats import CanaryTest
+    from agentrt.config.sections import format_validation_error
 
     given = {k: v for k, v in options.items() if v is not None}
     try:
@@ -60,7 +60,7 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
     """Serves ``target``'s models until interrupted (see docs/serving.md); ``canary`` holds
     the settings a ``POST /admin/canary`` body leaves out (:func:`canary_defaults`);
     ``threads`` pins torch's threads, None tunes them once on the first model
-    (:mod:`agentrt.threads`).
+    (:mod:`agentrt.runtime.threads`).
 
     Raises:
         AgentrtError: a bad target, option or port, before anything is loaded or bound.
@@ -90,7 +90,7 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
     from agentrt.serving.batcher import Batcher
     from agentrt.serving.host import ModelHost
 
-    from agentrt.threads import ThreadTuner, forward_probe, set_threads, threads_auto
+    from agentrt.runtime.threads import ThreadTuner, forward_probe, set_threads, threads_auto
 
     set_threads(threads)
     models = ModelHost(sources, backend, max_batch)

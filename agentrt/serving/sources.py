@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from agentrt.errors import AgentrtError
+from agentrt.core.errors import AgentrtError
 
 ADAPTER_CONFIG = "adapter_config.json"
 

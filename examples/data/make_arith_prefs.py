@@ -1,4 +1,4 @@
-"""Generates the built-in arithmetic preference data set from agentrt.tasks, with a seed.
+"""Generates the built-in arithmetic preference data set from agentrt.envs.tasks, with a seed.
 
 Each row's prompt comes from the training split of the arithmetic task (the task's held-out
 prompts never appear), ``chosen`` is the correct answer and ``rejected`` a plausible wrong one:
@@ -17,7 +17,7 @@ import json
 import random
 from pathlib import Path
 
-from agentrt.tasks import make_splits
+from agentrt.envs.tasks import make_splits
 
 
 def _no_carry_sum(a: int, b: int) -> int:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from agentrt.config import validate_config
+from agentrt.config.sections import validate_config
 from agentrt.decomposer.config import DecomposeConfig
 from agentrt.decomposer.workload import Decomposer
-from agentrt.run import RunDir
+from agentrt.controller.run_dir import RunDir
 from test_decompose_run import model_of, not_timing, read_jsonl, tool_config
 
 

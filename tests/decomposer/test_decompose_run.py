@@ -34,10 +34,10 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from agentrt.config import load_config, validate_config
+from agentrt.config.sections import load_config, validate_config
 from agentrt.decomposer.config import DecomposeConfig
 from agentrt.decomposer.workload import Decomposer, DecomposeWorkload, chain_metrics, chain_of
-from agentrt.run import RunDir, load_checkpoint
+from agentrt.controller.run_dir import RunDir, load_checkpoint
 from agentrt.runner.core import EpisodeRunner
 
 HERE = Path(__file__).parent

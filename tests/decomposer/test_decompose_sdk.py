@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrt.config import validate_config
+from agentrt.config.sections import validate_config
 from agentrt.decomposer.config import DecomposeConfig
 from agentrt.decomposer.workload import Decomposer
 from agentrt.envs import make_multi

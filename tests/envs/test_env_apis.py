@@ -13,7 +13,7 @@ from gymnasium.utils.env_checker import check_env
 from agentrt.envs import ENVS, calculate, check_multiagent_env, make, make_multi
 from agentrt.envs.board import ttt_winner
 from agentrt.envs.vector import TicTacToeVector
-from agentrt.errors import ConfigError
+from agentrt.core.errors import ConfigError
 
 SINGLE = ["Task-v0", "ToolUse-v0", "Recall-v0"]
 MULTI = [("TicTacToe-v0", {}), ("TicTacToe-v0", {"compact": True}), ("ConnectFour-v0", {}), ("KuhnPoker-v0", {}), ("Bargain-v0", {}),

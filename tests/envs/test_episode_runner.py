@@ -10,7 +10,7 @@ import pytest
 
 from agentrt.envs import make
 
-from agentrt.errors import ConfigError
+from agentrt.core.errors import ConfigError
 from agentrt.policies import (
     BargainHeuristic,
     CalculatorAgent,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from agentrt.config import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig
-from agentrt.engine import HybridEngine
+from agentrt.config.sections import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig
+from agentrt.runtime.learner import HybridEngine
 from agentrt.policies import LMPolicy, PromptTemplate, RandomPolicy, bank_memory
 from agentrt.runner import EpisodeRunner, RunnerConfig, specs
-from agentrt.types import collate
+from agentrt.core.types import collate
 
 SHORT = PromptTemplate(first="{observation}\n> ", turn="\n{observation}\n> ")
 

@@ -14,7 +14,7 @@ from agentrt.memory.augment import (
     write_episode_memories,
 )
 from agentrt.policies import build_tokenizer
-from agentrt.types import Trajectory, Turn
+from agentrt.core.types import Trajectory, Turn
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import redis
 
-from agentrt.errors import AgentrtError
+from agentrt.core.errors import AgentrtError
 from agentrt.memory import (
     BackendUnavailableError,
     DimensionError,
@@ -20,7 +20,7 @@ from agentrt.memory import (
     bank_config,
     open_bank,
 )
-from agentrt.memory.redis_server import free_port
+from agentrt.testing.redis_server import free_port
 
 DIM = 16
 

@@ -26,17 +26,17 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from agentrt.config import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig, SFTConfig
-from agentrt.engine import HybridEngine
-from agentrt.optim import make_scheduler
-from agentrt.errors import ConfigError
+from agentrt.config.sections import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig, SFTConfig
+from agentrt.runtime.learner import HybridEngine
+from agentrt.runtime.optim import make_scheduler
+from agentrt.core.errors import ConfigError
 from agentrt.memory import FaissBank, bank_config
 from agentrt.memory.augment import MemoryConfig
 from agentrt.memory.policy import PolicyMemory, revealed_facts, wire_memories
 from agentrt.policies import LMPolicy, PromptTemplate
 from agentrt.policies.base import Action
 from agentrt.runner import EpisodeRunner, RunnerConfig, specs
-from agentrt.types import Trajectory, Turn, collate
+from agentrt.core.types import Trajectory, Turn, collate
 
 # The retrieval matches the asked key (the observation is the query), so the prompt shows the
 # policy only what memory gives it: "Memories:\n- <key>: <code>\n" (k=1), then its answer.
@@ -264,7 +264,7 @@ def test_writer_stores_outcomes_and_each_fact_once() -> None:
 
 
 def test_memory_config_in_policy_and_run_configs() -> None:
-    from agentrt.config import TrainConfig, validate_config
+    from agentrt.config.sections import TrainConfig, validate_config
     from agentrt.tournaments.run_config import TournamentRunConfig
 
     pol = PolicyConfig(id="lm", memory={"bank": "notes", "k": 2, "write": ["facts", "outcome"]})

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from agentrt.memory import BackendUnavailableError, DimensionError, open_bank
-from agentrt.memory.redis_server import RedisServer
+from agentrt.testing.redis_server import RedisServer
 
 
 def redis_cfg(server: RedisServer, name: str = "shared", **extra) -> dict:

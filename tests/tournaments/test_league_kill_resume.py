@@ -35,8 +35,8 @@ import pytest
 import torch
 import yaml
 
-from agentrt.config import RuntimeConfig, SamplingConfig, validate_config
-from agentrt.run import RunDir, load_checkpoint
+from agentrt.config.sections import RuntimeConfig, SamplingConfig, validate_config
+from agentrt.controller.run_dir import RunDir, load_checkpoint
 
 STEPS = 6
 MIN_CHECKPOINT = 2  # the killed run must have trained past a checkpoint beyond the warm start
@@ -131,7 +131,7 @@ def wait_for(cond, timeout: float, every: float = 0.2) -> bool:
 
 
 def adapter_folders(pids: list[int]) -> list[Path]:
-    """vLLM adapter stores (agentrt.rollout.vllm_backend._adapter_store) of these processes."""
+    """vLLM adapter stores (agentrt.runtime.rollout.vllm_backend._adapter_store) of these processes."""
     roots = {Path("/dev/shm"), Path(tempfile.gettempdir())}
     return [p for root in roots if root.is_dir() for pid in pids
             for p in root.glob(f"agentrt-lora-{pid}-*")]
@@ -184,9 +184,9 @@ def game_prompts(tokenizer) -> list[list[int]]:
 def served_vs_hf(cfg_dict: dict, state: dict, scratch: Path) -> dict[str, tuple]:
     """Greedy completions per policy/snapshot of the checkpoint ``state``: (vLLM before loading
     it, vLLM after loading it as the resume does, HF generate over its weights)."""
-    from agentrt.controller import Controller
+    from agentrt.controller.loop import Controller
     from agentrt.tournaments.run_config import TournamentRunConfig
-    from agentrt.weights import SharedModel
+    from agentrt.runtime.shared_model import SharedModel
 
     cfg = validate_config(cfg_dict, TournamentRunConfig)
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=16)

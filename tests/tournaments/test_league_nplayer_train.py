@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentrt.config import load_config
+from agentrt.config.sections import load_config
 from agentrt.memory import open_bank
-from agentrt.run import RunDir, load_checkpoint
+from agentrt.controller.run_dir import RunDir, load_checkpoint
 from agentrt.tournaments import MatchStore, build_leaderboard
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.trainer import LeagueTrainer

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrt.config import load_config
-from agentrt.objectives import outcome_pairs
-from agentrt.run import RunDir, load_checkpoint
+from agentrt.config.sections import load_config
+from agentrt.controller.objectives import outcome_pairs
+from agentrt.controller.run_dir import RunDir, load_checkpoint
 from agentrt.tournaments import MatchStore
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.trainer import LeagueTrainer
-from agentrt.types import Trajectory, Turn
+from agentrt.core.types import Trajectory, Turn
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from agentrt.config import load_config
-from agentrt.run import RunDir, load_checkpoint
+from agentrt.config.sections import load_config
+from agentrt.controller.run_dir import RunDir, load_checkpoint
 from agentrt.tournaments.records import MatchStore
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.trainer import LeagueTrainer

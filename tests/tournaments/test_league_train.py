@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrt.config import load_config, validate_config
+from agentrt.config.sections import load_config, validate_config
 from agentrt.tournaments import MatchStore, build_leaderboard
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.trainer import LeagueTrainer
@@ -47,7 +47,7 @@ def records(run_dir):
 
 
 def last_state(run_dir: Path) -> dict:
-    from agentrt.run import RunDir, load_checkpoint
+    from agentrt.controller.run_dir import RunDir, load_checkpoint
 
     return load_checkpoint(RunDir(run_dir).latest_checkpoint())
 

@@ -11,7 +11,7 @@ import torch
 
 from agentrt.algos import ADVANTAGES, RAE_BASELINES, AdvantageInputs, RAEState, rae_group_id
 from agentrt.algos import use_rae_state
-from agentrt.config import AlgorithmConfig
+from agentrt.config.sections import AlgorithmConfig
 
 
 def _inputs(scores: list[float], groups: list[str], width: int = 6) -> AdvantageInputs:
@@ -173,7 +173,7 @@ def test_checkpoints_saved_with_per_batch_folding_still_load() -> None:
 
 def test_rae_on_collated_multi_turn_trajectories() -> None:
     """End to end through the real data types: two seats of one tic-tac-toe game, multi-turn."""
-    from agentrt.types import Trajectory, Turn, collate
+    from agentrt.core.types import Trajectory, Turn, collate
 
     def traj(role: str, outcome: float) -> Trajectory:
         t1 = Turn([1, 2], [3, 4], [-0.1, -0.2], role=role, policy_id="lm")
@@ -193,7 +193,7 @@ def test_rae_on_collated_multi_turn_trajectories() -> None:
 
 
 def test_league_configs_default_to_rae_for_zero_sum_games() -> None:
-    from agentrt.config import validate_config
+    from agentrt.config.sections import validate_config
     from agentrt.tournaments.run_config import TournamentRunConfig
 
     def advantages(envs: list[str], *algos: dict) -> list[str]:
@@ -209,8 +209,8 @@ def test_league_configs_default_to_rae_for_zero_sum_games() -> None:
 
 
 def test_league_rae_groups_drop_snapshot_versions() -> None:
-    from agentrt.objectives import rae_regroup
-    from agentrt.types import Trajectory, Turn
+    from agentrt.controller.objectives import rae_regroup
+    from agentrt.core.types import Trajectory, Turn
 
     def traj(opponent: str) -> Trajectory:
         return Trajectory([Turn([1], [2], [0.0])], group_id=f'TicTacToe-v0{{"compact": true}}'

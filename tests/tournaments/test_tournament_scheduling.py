@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tournament_sim import play
 
-from agentrt.errors import ConfigError
+from agentrt.core.errors import ConfigError
 from agentrt.tournaments import (
     PFSP,
     SCHEDULERS,

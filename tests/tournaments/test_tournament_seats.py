@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from tournament_sim import play
 
-from agentrt.errors import ConfigError
+from agentrt.core.errors import ConfigError
 from agentrt.tournaments import (
     PFSP,
     Entrant,
@@ -285,7 +285,7 @@ def _run_config(**changes) -> dict:
 
 
 def test_run_config_roles_validate_and_reach_the_entrants() -> None:
-    from agentrt.config import validate_config
+    from agentrt.config.sections import validate_config
     from agentrt.tournaments.run_config import TournamentRunConfig
 
     cfg = validate_config(_run_config(), TournamentRunConfig)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from vllm_testlib import grpo_step, make_prompts, policy_config
 
-from agentrt.config import RolloutConfig, SamplingConfig
-from agentrt.engine import HybridEngine
-from agentrt.rollout.hf import HFRollout
+from agentrt.config.sections import RolloutConfig, SamplingConfig
+from agentrt.runtime.learner import HybridEngine
+from agentrt.runtime.rollout.hf import HFRollout
 
 
 def test_engine_with_vllm_backend_syncs_after_every_update(tiny_model_dir):

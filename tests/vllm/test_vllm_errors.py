@@ -7,10 +7,10 @@ import json
 import pytest
 from vllm_testlib import ENGINE_CFG, make_prompts, policy_config
 
-from agentrt.config import SamplingConfig, validate_config
-from agentrt.engine import HybridEngine
-from agentrt.errors import AgentrtError, ConfigError
-from agentrt.rollout import RolloutStartError, VLLMRollout
+from agentrt.config.sections import SamplingConfig, validate_config
+from agentrt.runtime.learner import HybridEngine
+from agentrt.core.errors import AgentrtError, ConfigError
+from agentrt.runtime.rollout import RolloutStartError, VLLMRollout
 
 
 def one_line(exc: pytest.ExceptionInfo) -> str:

@@ -1,6 +1,6 @@
 """One vLLM engine serves a whole LoRA league: 2 learners + 20 frozen snapshots = 22 adapters.
 
-The league is a real :class:`~agentrt.pool.LocalPool` with ``rollout.backend: vllm``: two LoRA
+The league is a real :class:`~agentrt.runtime.pool.LocalPool` with ``rollout.backend: vllm``: two LoRA
 learners on llama-tiny train GRPO steps on rollouts sampled by the engine, and after every step
 each is frozen into a snapshot (``pool.snapshot``), so the 20 snapshots hold 20 different
 adapters. The engine keeps the default residency caps (``max_resident_adapters`` 8,
@@ -19,9 +19,9 @@ import pytest
 import torch
 from vllm_testlib import low_byte_reward, make_prompts
 
-from agentrt.config import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig, VLLMConfig
-from agentrt.pool import LocalPool
-from agentrt.types import Trajectory, Turn
+from agentrt.config.sections import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig, VLLMConfig
+from agentrt.runtime.pool import LocalPool
+from agentrt.core.types import Trajectory, Turn
 
 LEARNERS = ("p0", "p1")
 ROUNDS = 10  # one GRPO step and one snapshot per learner each round: 20 snapshots

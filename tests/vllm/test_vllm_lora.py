@@ -12,8 +12,8 @@ import pytest
 import torch
 from vllm_testlib import grpo_step, make_prompts, policy_config
 
-from agentrt.config import SamplingConfig
-from agentrt.engine import HybridEngine
+from agentrt.config.sections import SamplingConfig
+from agentrt.runtime.learner import HybridEngine
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=10)
 NAMES = ["p0", "p1", "p2"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrt.config import SamplingConfig
-from agentrt.engine import HybridEngine
-from agentrt.rollout import attach_vllm
-from agentrt.types import Trajectory, Turn, collate
+from agentrt.config.sections import SamplingConfig
+from agentrt.runtime.learner import HybridEngine
+from agentrt.runtime.rollout import attach_vllm
+from agentrt.core.types import Trajectory, Turn, collate
 from vllm_testlib import grpo_step, make_prompts, policy_config
 
 TEMPERATURE = 0.8
@@ -169,7 +169,7 @@ def test_sleep_and_wake_keep_serving(trained):
 
 
 def test_closing_another_engine_leaves_this_one_serving(trained, tiny_model_dir):
-    from agentrt.rollout import VLLMRollout
+    from agentrt.runtime.rollout import VLLMRollout
 
     trainer, rollout, report = trained
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=8)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrt.config import (
+from agentrt.config.sections import (
     AlgorithmConfig,
     LoraConfig,
     ModelConfig,
@@ -12,8 +12,8 @@ from agentrt.config import (
     SamplingConfig,
     VLLMConfig,
 )
-from agentrt.engine import HybridEngine
-from agentrt.types import Trajectory, Turn, collate
+from agentrt.runtime.learner import HybridEngine
+from agentrt.core.types import Trajectory, Turn, collate
 
 ENGINE_CFG = VLLMConfig(kv_cache_gib=0.25, max_model_len=1024, max_num_seqs=64,
                         max_loras=4, max_resident_adapters=4)

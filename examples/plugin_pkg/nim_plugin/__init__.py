@@ -10,7 +10,7 @@ single-policy task with its reward. Importing it registers each under a name a Y
 
 Load it with ``imports: [nim_plugin]`` in a config (the config's folder is searched), with
 ``--import nim_plugin``, or install this folder (``pip install examples/plugin_pkg``): its
-``agentrt.plugins`` entry point then loads it for every command.
+``agentrt.core.plugins`` entry point then loads it for every command.
 """
 
 from nim_plugin import env, players, schedule, task  # importing registers them

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrt.rewards import reward
-from agentrt.tasks import TASKS, Example
+from agentrt.envs.tasks import TASKS, Example
 from nim_plugin.players import best_take
 
 

@@ -1,0 +1,1 @@
+"""Run configuration: the shared sections, the run configs' base, loading and validation."""

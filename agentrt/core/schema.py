@@ -1,0 +1,79 @@
+"""The base of every config model: frozen, unknown keys refused, no NaN or infinity, and no
+silent casts between booleans and numbers.
+
+pydantic's lax mode turns ``steps: true`` into 1 step and ``progress: 1`` into True; a YAML typo
+of that kind must be an error naming the field instead. Strict mode as a whole would refuse too
+much (a string for a ``Path``, an int for a float, ``lr: 1e-3``, which YAML 1.1 reads as a
+string), so only the bool/number casts are refused, by one validator shared by every model.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+
+_NUMBERS = (int, float)
+
+
+class ConfigModel(BaseModel):
+    """A config section: subclass it instead of ``BaseModel`` (agentrt.config.sections.Section does)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_number_casts(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None:
+            return value
+        accepts = _scalar_types(field.annotation)
+        items = _item_types(field.annotation)
+        if isinstance(value, (list, tuple)) and items:
+            for item in value:
+                _check(item, items)
+        elif accepts:
+            _check(value, accepts)
+        return value
+
+
+def _check(value: Any, accepts: frozenset[type]) -> None:
+    if isinstance(value, bool) and bool not in accepts and accepts & set(_NUMBERS):
+        raise ValueError(f"expected a number, not the boolean {str(value).lower()}")
+    if (isinstance(value, _NUMBERS) and not isinstance(value, bool) and accepts == {bool}):
+        raise ValueError(f"expected true or false, not the number {value}")
+
+
+@functools.cache
+def _scalar_types(annotation: Any) -> frozenset[type]:
+    """The plain types ``annotation`` accepts (unions and Optional unwrapped); empty when it
+    accepts anything else too (Any, a model, a container), so no check applies."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _scalar_types(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        found: set[type] = set()
+        for arg in typing.get_args(annotation):
+            if arg is type(None):
+                continue
+            inner = _scalar_types(arg)
+            if not inner:
+                return frozenset()
+            found |= inner
+        return frozenset(found)
+    return frozenset({annotation}) if annotation in (bool, *_NUMBERS) else frozenset()
+
+
+@functools.cache
+def _item_types(annotation: Any) -> frozenset[type]:
+    """The scalar types of a ``list[float]`` or ``tuple[float, float]``'s items (else empty)."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _item_types(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) not in (list, tuple):
+        return frozenset()
+    args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
+    kinds = {_scalar_types(a) for a in args}
+    return next(iter(kinds)) if len(kinds) == 1 else frozenset()

@@ -1,0 +1,288 @@
+"""Policy pools on Ray: a :class:`PolicyPool` runs one :class:`~agentrt.runtime.worker.PolicyWorker` per
+data-parallel worker as a Ray actor in a placement group, with recovery from dead workers.
+
+The driver-side logic (the pool API, collation, advantages once per batch) is
+:class:`agentrt.runtime.pool.BasePool`'s; this module adds the transport and fault tolerance.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrt.algos import RAEState
+from agentrt.config.sections import PolicyConfig, ResourcesConfig, RuntimeConfig
+from agentrt.core.errors import AgentrtError
+from agentrt.runtime.pool import READ_ONLY, BasePool, resolve_model
+from agentrt.runtime.worker import PolicyWorker
+
+log = logging.getLogger(__name__)
+
+
+class WorkerLost(AgentrtError):
+    """A worker process died during a call (killed, OOM, node lost)."""
+
+
+# Ray's own switch for a one-machine Ray (its default on macOS and Windows): the node address is
+# 127.0.0.1, so the GCS, raylet, workers and agents listen on loopback only. Read when Ray is
+# imported and inherited by the processes it starts.
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def ensure_ray(runtime: RuntimeConfig | None = None) -> bool:
+    """Starts Ray here (or joins ``runtime.address``) unless it runs; True when this call did.
+
+    A Ray started here listens on 127.0.0.1 only (no dashboard); reach it from other machines by
+    starting a cluster yourself (``ray start --head``) and giving ``runtime.address``."""
+    runtime = runtime or RuntimeConfig()
+    if runtime.address is None and "ray" not in sys.modules:  # else: too late, and its children
+        os.environ.setdefault(LOOPBACK_ENV, "0")  # would disagree with it about the address
+    import ray
+
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+    if runtime.address is None:
+        kwargs["num_cpus"] = runtime.num_cpus
+    ray.init(address=runtime.address, **kwargs)
+    if runtime.address is None and not is_loopback(ray.util.get_node_ip_address()):
+        log.warning("Ray started on %s, not 127.0.0.1, so it listens on every interface: ray "
+                    "was imported before agentrt started it; export %s=0 to keep it local",
+                    ray.util.get_node_ip_address(), LOOPBACK_ENV)
+    return True
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback (``::ffff:127.0.0.1``)."""
+    import ipaddress
+
+    ip = ipaddress.ip_address(host)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+class PolicyPool(BasePool):
+    """A pool of Ray actors, one :class:`~agentrt.runtime.worker.PolicyWorker` per data-parallel worker.
+
+    Fault tolerance: the pool keeps its last checkpoint (the state its ``state_dict`` returned or
+    ``load_state_dict`` received; the initial state before that) and a journal of every
+    state-changing call since (``train``/``sft_step``/``snapshot``, with their trajectories,
+    which live on the driver). When a worker dies, Ray restarts it (``max_restarts``), the pool
+    restarts the others too (their process group lost a peer), restores the checkpoint, replays
+    the journal and retries the failed call: no trajectory is lost or trained twice. Each such
+    recovery is logged and counted in ``runtime/worker_restarts``.
+
+    Args:
+        policies: One policy, or several LoRA policies sharing a base model.
+        resources: Workers and their resources (default: the first policy's ``resources``).
+        seed: Initialisation seed (every worker uses it: replicas start identical).
+        total_steps: Steps the LR schedules span.
+        workdir: Where a preset model is built (visible to the workers).
+        runtime: How to reach Ray when it is not running yet.
+        max_recoveries: Recoveries tried for one call before giving up.
+    """
+
+    def __init__(self, policies: PolicyConfig | list[PolicyConfig],
+                 resources: ResourcesConfig | None = None, seed: int = 0,
+                 total_steps: int = 1000, workdir: str | Path | None = None,
+                 runtime: RuntimeConfig | None = None, max_recoveries: int = 2) -> None:
+        policies = [policies] if isinstance(policies, PolicyConfig) else list(policies)
+        policies = [resolve_model(p, workdir, seed) for p in policies]
+        super().__init__(policies)
+        self.res = resources or policies[0].resources
+        self.num_workers = self.res.num_workers
+        runtime = runtime or RuntimeConfig()
+        self.timeout_s = runtime.collective_timeout_s
+        self.keep_memory = runtime.keep_freed_memory
+        self.max_recoveries = max_recoveries
+        self.owns_ray = ensure_ray(runtime)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(policies[0].model.path)
+        self.worker_restarts = 0
+        self.replayed_calls = 0
+        self._checkpoint: Any = None  # ObjectRef of the recovery point; None: initial state
+        self._initial = {"rae": dict(self.rae), "versions": dict(self.versions)}
+        self._journal: list[tuple[str, tuple]] = []
+        self._policies_at_checkpoint = dict(self.policies)  # live changes (agentrt.controller.control)
+        try:
+            self._start_workers(policies, seed, total_steps)
+        except BaseException:
+            self.shutdown()  # no half-started pool keeps its placement group (or Ray) alive
+            raise
+
+    def _start_workers(self, policies: list[PolicyConfig], seed: int, total_steps: int) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = {"CPU": self.res.cpus_per_worker}
+        if self.res.gpus_per_worker:
+            bundle["GPU"] = self.res.gpus_per_worker
+        self.pg = placement_group([bundle] * self.num_workers, strategy=self.res.placement)
+        ready, _ = ray.wait([self.pg.ready()], timeout=120)
+        if not ready:
+            ray.util.remove_placement_group(self.pg)
+            raise AgentrtError(
+                f"pool {self.cfg.id!r}: Ray cannot place {self.num_workers} workers of {bundle} "
+                f"({self.res.placement}) on {ray.cluster_resources()}; lower "
+                "resources.num_workers / cpus_per_worker or add nodes")
+        threads = max(1, int(self.res.cpus_per_worker))
+        remote = ray.remote(PolicyWorker)
+        self.workers = [
+            remote.options(
+                num_cpus=self.res.cpus_per_worker, num_gpus=self.res.gpus_per_worker,
+                max_restarts=self.res.max_restarts, max_task_retries=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.pg, placement_group_bundle_index=i),
+            ).remote(policies, seed, total_steps, threads,
+                     keep_memory=self.keep_memory)
+            for i in range(self.num_workers)
+        ]
+        self.pids: list[int] = []
+        self._connect()
+
+    def _connect(self, old_pids: list[int] | None = None) -> None:
+        """Waits for every worker (restarted ones: a new pid), then forms the gloo group."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        deadline = time.monotonic() + 300
+        while True:  # a killed actor may answer once more before it dies, or not yet be back
+            try:
+                infos = ray.get([w.info.remote() for w in self.workers])
+                if old_pids is None or not set(i["pid"] for i in infos) & set(old_pids):
+                    break
+            except RayActorError as exc:
+                if old_pids is None:  # first start: the worker's constructor failed
+                    raise AgentrtError(f"pool {self.cfg.id!r}: a worker failed to start: "
+                                       f"{str(exc).splitlines()[-1]}") from exc
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
+        self.pids = [i["pid"] for i in infos]
+        log.info("pool %r: %d workers up (pids %s)", self.cfg.id, self.num_workers, self.pids)
+        if self.num_workers > 1:
+            addr, port = ray.get(self.workers[0].rendezvous_address.remote())
+            ray.get([w.init_data_parallel.remote(addr, port, rank, self.num_workers,
+                                                 self.timeout_s)
+                     for rank, w in enumerate(self.workers)])
+
+    # ------------------------------------------------------------------ transport
+    def _put(self, obj: Any) -> Any:
+        import ray
+
+        return ray.put(obj)
+
+    def _call_each(self, method: str, args: list[tuple]) -> list[Any]:
+        refs = [getattr(w, method).remote(*a) for w, a in zip(self.workers, args)]
+        return self._gather(refs)
+
+    def _gather(self, refs: list[Any]) -> list[Any]:
+        """All results, or :class:`WorkerLost` as soon as a worker died.
+
+        Waits one result at a time so that a dead worker is seen at once, not after its peers
+        time out in a collective; ``ray.get`` of a finished object does not block.
+        """
+        import ray
+        from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
+
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except (RayActorError, OutOfMemoryError) as exc:
+                raise WorkerLost(f"worker {refs.index(done[0])} died: {exc}") from exc
+            except RayTaskError as exc:  # a peer died inside a collective, or a real bug
+                if self._peer_died(pending):
+                    raise WorkerLost(f"worker {refs.index(done[0])} lost a peer: {exc}") from exc
+                raise
+        return ray.get(refs)
+
+    def _peer_died(self, pending: list[Any]) -> bool:
+        import ray
+        from ray.exceptions import RayActorError, RayError
+
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=self.timeout_s)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                return True
+            except RayError:
+                continue
+        return len(done) < len(pending)
+
+    # ------------------------------------------------------------------ recovery
+    def _run(self, op: str, *args: Any) -> Any:
+        with self._lock:
+            for attempt in range(self.max_recoveries + 1):
+                try:
+                    out = getattr(self, f"_{op}")(*args)
+                    break
+                except WorkerLost as exc:
+                    if attempt == self.max_recoveries:
+                        raise
+                    self._recover(exc)
+            if op not in READ_ONLY:  # everything else changes state: replayed after a failure
+                self._journal.append((op, args))
+            if op == "train":
+                out["runtime/worker_restarts"] = float(self.worker_restarts)
+            return out
+
+    def _recover(self, exc: WorkerLost) -> None:
+        import ray
+
+        self.worker_restarts += 1
+        trajs = sum(len(a[0]) for op, a in self._journal if op in ("train", "sft_step"))
+        log.warning("pool %r: %s. Restarting its workers, restoring its last checkpoint and "
+                    "replaying %d calls (%d trajectories kept on the driver)", self.cfg.id, exc,
+                    len(self._journal), trajs)
+        old = list(self.pids)
+        for w in self.workers:  # peers of a dead worker hold a broken process group
+            ray.kill(w, no_restart=False)
+        self._connect(old_pids=old)
+        if self._checkpoint is not None:
+            self._load(ray.get(self._checkpoint))
+        else:
+            self.rae = {k: RAEState(alpha=v.alpha, init=v.init)
+                        for k, v in self._initial["rae"].items()}
+            self.versions = dict(self._initial["versions"])
+        # A restarted actor has its config from the start; a live change (reconfigure) made
+        # before the recovery point is not in the journal, so it is applied again first.
+        for cfg in self._policies_at_checkpoint.values():
+            self._reconfigure(cfg, cfg.id)
+        for op, args in self._journal:
+            getattr(self, f"_{op}")(*args)
+        self.replayed_calls += len(self._journal)
+
+    def _checkpointed(self, state: dict[str, Any]) -> None:
+        import ray
+
+        self._checkpoint = ray.put(state)
+        self._journal = []
+        self._policies_at_checkpoint = dict(self.policies)
+
+    def shutdown(self) -> None:
+        """Kills the workers, frees the placement group, and stops Ray if this pool started it."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        workers = getattr(self, "workers", [])
+        if workers:  # ray.kill runs no finalisers: stop vLLM and delete its adapter folders first
+            refs = [w.close.remote() for w in workers]
+            ray.wait(refs, num_returns=len(refs), timeout=30)  # a dead worker's error is ready
+        for w in workers:
+            ray.kill(w, no_restart=True)
+        self.workers = []
+        if getattr(self, "pg", None) is not None:
+            ray.util.remove_placement_group(self.pg)
+            self.pg = None
+        if self.owns_ray:
+            ray.shutdown()

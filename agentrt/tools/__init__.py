@@ -1,0 +1,1 @@
+"""Commands around runs: config checks, checkpoint checks, ``agentrt debug``, ``agentrt play``."""

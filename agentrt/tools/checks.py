@@ -1,0 +1,175 @@
+"""The config kinds and the checks every command runs before it starts any work.
+
+``agentrt check-config`` and ``agentrt train | tournament run | tournament eval | decompose run``
+all load their config through :func:`load_checked`: it tells the kind from the config's sections
+(or takes ``--kind``), validates the pydantic model of that kind and then resolves what the model
+alone cannot (a reward given by name or ``module:function``, model folders, tool functions), so
+a bad config fails with one :class:`ConfigError` line before a run folder exists. Nothing here
+imports torch, transformers, Ray or matplotlib: an invalid config fails in well under two seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Sequence
+
+from pydantic import BaseModel, Field, create_model
+
+from agentrt.config.sections import Section, read_config, validate_config
+from agentrt.core.errors import ConfigError
+from agentrt.core.plugins import config_imports, load_plugins
+from agentrt.core.registry import import_callable
+
+# kind -> (config model as "module:class", sections only that kind has)
+KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "train": ("agentrt.config.sections:TrainConfig", ("task", "reward", "policy", "data")),
+    "tournament": ("agentrt.tournaments.run_config:TournamentRunConfig",
+                   ("envs", "baselines", "schedule", "warm_start", "runner", "memory")),
+    "decompose": ("agentrt.decomposer.config:DecomposeConfig",
+                  ("family", "planner", "tools", "router", "chain")),
+}
+
+
+@functools.cache
+def config_model(kind: str) -> type[Section]:
+    """The pydantic model of a config kind ('train', 'tournament' or 'decompose'), with the
+    ``imports:`` field every kind has (see agentrt.core.plugins)."""
+    if kind not in KINDS:
+        raise ConfigError(f"--kind {kind!r} is not a config kind; valid: {', '.join(KINDS)}")
+    module, _, name = KINDS[kind][0].partition(":")
+    base = getattr(importlib.import_module(module), name)
+    return create_model(name, __base__=base, __module__=base.__module__, imports=(
+        tuple[str, ...], Field((), description="Modules imported before the config is checked "
+                                               "(user envs, rewards, tasks, scripted players).")))
+
+
+def detect_kind(data: dict[str, Any], path: str | Path = "config",
+                default: str | None = None) -> str:
+    """The kind whose own sections the config has (``envs:`` -> tournament, ``family:`` ->
+    decompose, ``task:``/``policy:`` -> train); a config with none is of kind ``default``
+    (None: train, unless it has ``policies:``).
+
+    Raises:
+        ConfigError: sections of two kinds at once (pass ``--kind``).
+    """
+    found = {kind: [s for s in sections if s in data] for kind, (_, sections) in KINDS.items()}
+    kinds = [k for k, sections in found.items() if sections]
+    if len(kinds) > 1:
+        shown = "; ".join(f"{k} ({', '.join(found[k])})" for k in kinds)
+        raise ConfigError(f"{path}: has sections of several config kinds: {shown}; remove the "
+                          f"ones that do not belong, or pass --kind {'|'.join(KINDS)}")
+    if not kinds and default is not None:
+        return default
+    if not kinds and "policies" in data:
+        raise ConfigError(f"{path}: a config with policies: is a tournament (add envs:) or a "
+                          "decomposer config (add family:); or pass --kind")
+    return kinds[0] if kinds else "train"
+
+
+def load_checked(path: str | Path, overrides: Sequence[str] | None = None,
+                 kind: str | None = None, expect: str | None = None,
+                 imports: Sequence[str] = ()) -> tuple[str, Any]:
+    """Reads, validates and resolves a config of any kind.
+
+    Args:
+        path: YAML file.
+        overrides: ``section.field=value`` strings merged in first.
+        kind: The config kind; None tells it from the sections.
+        expect: The kind a command runs (e.g. 'tournament'): another kind is an error that
+            names the command to use instead.
+        imports: Plugin modules to import (``--import``), besides the config's ``imports:``.
+
+    Returns:
+        ``(kind, config)``.
+
+    Raises:
+        ConfigError: one line naming the field and the fix.
+    """
+    data = read_config(path, list(overrides or []))
+    load_plugins([*imports, *config_imports(data)], search=Path(path).resolve().parent)
+    if imports:
+        data = {**data, "imports": [*imports, *config_imports(data)]}
+    kind = kind or detect_kind(data, path, default=expect)
+    if expect is not None and kind != expect:
+        command = {"train": "agentrt train", "tournament": "agentrt tournament run",
+                   "decompose": "agentrt decompose run"}[kind]
+        raise ConfigError(f"{path} is a {kind} config, not a {expect} config; run it with "
+                          f"`{command}`")
+    cfg = validate_config(data, config_model(kind))
+    resolve(kind, cfg)
+    return kind, cfg
+
+
+def resolve(kind: str, cfg: Any) -> None:
+    """Checks the references a config's model cannot: rewards, model folders, tool functions.
+
+    Raises:
+        ConfigError: "<field>: <what is wrong>; <how to fix it>".
+    """
+    if kind == "train":
+        from agentrt.workloads.prompts.data import check_source
+        from agentrt.rewards import check_reward
+
+        check_reward(cfg.reward)  # functions import, model folders classify, services answer
+        check_model_path("policy.model.path", cfg.policy.model.path)
+        check_source(cfg.task)  # a data file's mapped columns
+        return
+    for i, policy in enumerate(cfg.policies):
+        check_model_path(f"policies.{i}.model.path", policy.model.path)
+    for i, tool in enumerate(getattr(cfg, "tools", ())):
+        import_callable(tool.fn, f"tools.{i}.fn")
+
+
+def check_model_path(field: str, path: str | None) -> None:
+    """A ``model.path`` must be a local Hugging Face model (or PEFT adapter) folder."""
+    if path is None:
+        return
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ConfigError(f"{field}: folder {path!r} does not exist; give a local Hugging Face "
+                          "model folder, or use model.preset")
+    if not any((folder / name).is_file() for name in ("config.json", "adapter_config.json")):
+        raise ConfigError(f"{field}: {path!r} has no config.json (nor adapter_config.json); it "
+                          "is not a Hugging Face model folder")
+
+
+def describe_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """``(path, type, default, description)`` of every field of a config model, depth first;
+    a nested section is listed with its fields under ``section.``. ``agentrt config-help``."""
+    rows: list[tuple[str, str, str, str]] = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        section = _section(field.annotation)
+        doc = field.description or ""
+        if section is not None:
+            doc = doc or (section.__doc__ or "").strip().split("\n")[0]
+            rows.append((path, "section", "", doc))
+            rows.extend(describe_fields(section, f"{path}."))
+            continue
+        default = "required" if field.is_required() else repr(
+            field.get_default(call_default_factory=True))
+        rows.append((path, _type_name(field.annotation), default, doc))
+    return rows
+
+
+def _section(annotation: Any) -> type[BaseModel] | None:
+    """The model of a field that is a section (``X`` or ``X | None``), else None."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] \
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType) else [annotation]
+    if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return args[0]
+    return None
+
+
+def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return annotation.__name__
+    text = re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", str(annotation)).replace("NoneType", "None")
+    return re.sub(r"Annotated\[(\w+), [^\]]*\]", r"\1", text)

@@ -1,0 +1,1 @@
+"""``agentrt train``: the prompt workload, its tasks' data sources and its config."""

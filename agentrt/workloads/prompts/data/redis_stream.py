@@ -1,0 +1,209 @@
+"""``task: {name: redis}``: prompts pushed to a Redis stream, each trained on exactly once.
+
+The trainer reads the stream through a consumer group. An entry is one row: its fields
+(``XADD prompts * prompt "2+3=" answer 5``) or a ``json`` field holding the row as JSON, mapped
+by ``columns`` like a file's rows (bad rows are skipped and counted).
+
+Exactly once, across kills: entries read since the last checkpoint are listed in the next
+checkpoint and acknowledged (``XACK``) only after it is written, in one MULTI/EXEC transaction
+with the finished episodes of those steps (``XADD`` to ``episodes_stream``, when set). A run
+killed before a checkpoint resumes from the one before: the entries it had read are still
+pending for its consumer and are read again, in the same order, and trained on by the replayed
+steps. A run killed after a checkpoint but before the transaction does it on resume (the
+checkpoint names the entries; if the first is no longer pending the transaction had run).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from typing import Any
+
+from pydantic import Field
+
+from agentrt.workloads.prompts.data.config import Columns
+from agentrt.workloads.prompts.data.sources import PromptDataError, SourceBase, render_messages
+from agentrt.workloads.prompts.data.stream import SkipCounter, map_row
+from agentrt.memory.config import RedisConfig, redact
+from agentrt.core.schema import ConfigModel
+from agentrt.envs.tasks import Example
+
+
+class RedisStreamOptions(ConfigModel):
+    """Options of ``task: {name: redis}``."""
+
+    redis: RedisConfig = Field(description="The Redis server (url, password_env, TLS, ...).")
+    stream: str = Field("agentrt:prompts", min_length=1, description="Stream of prompt rows.")
+    group: str = Field("agentrt", min_length=1, description="Consumer group of the trainer.")
+    consumer: str = Field("trainer", min_length=1, description="Consumer name in the group.")
+    columns: Columns = Field(default_factory=Columns)
+    episodes_stream: str | None = Field(
+        None, min_length=1, description="Stream the finished episodes are added to (prompt id, "
+        "step, prompt, response, reward), once their step is checkpointed; None: none.")
+    wait_s: float = Field(
+        600.0, gt=0.0, description="Stop with an error when no prompt arrives for this long.")
+
+
+class RedisSource(SourceBase):
+    """Prompts of a Redis stream (see the module docstring). No eval split: eval is skipped."""
+
+    options_model = RedisStreamOptions
+
+    @staticmethod
+    def check(opts: RedisStreamOptions) -> None:
+        """Redis answers (before any work; raises PromptDataError, one line)."""
+        _connect(opts).close()
+
+    def __init__(self, task: Any, seed: int) -> None:
+        import redis
+
+        self.opts = o = RedisStreamOptions(**task.options)
+        self.where = f"redis stream {o.stream!r} at {redact(o.redis.url)}"
+        self._errors = (redis.RedisError, OSError)
+        self.client = _connect(o)
+        self._call(self._create_group)
+        self.skipped = SkipCounter(self.where)
+        self.unacked: list[str] = []  # entries read since the last checkpoint
+        self.outbox: list[dict[str, Any]] = []  # their finished episodes, for episodes_stream
+        self.drawn: list[tuple[str, Example]] = []  # this step's (entry id, example)
+        self.pending_from: str | None = "0"  # read our pending entries after this id first
+        self.read = 0
+        self.render = functools.partial(render_messages, None)
+
+    def start(self, tokenizer: Any) -> None:
+        self.render = functools.partial(render_messages, tokenizer)
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except self._errors as exc:
+            raise PromptDataError(f"{self.where}: {type(exc).__name__}: {exc}; the last "
+                                  "checkpoint is resumable once Redis is back") from None
+
+    def _create_group(self) -> None:
+        import redis
+
+        try:
+            self.client.xgroup_create(self.opts.stream, self.opts.group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    # ------------------------------------------------------------------ reading
+    def _read(self, count: int, block_ms: int | None) -> list[tuple[str, dict]]:
+        o = self.opts
+        start = self.pending_from if self.pending_from is not None else ">"
+        got = self._call(self.client.xreadgroup, o.group, o.consumer, {o.stream: start}, count,
+                         block_ms)
+        entries = [(i.decode(), f) for i, f in (got[0][1] if got else [])]
+        if self.pending_from is not None:
+            if entries:
+                self.pending_from = entries[-1][0]
+            else:
+                self.pending_from = None  # the backlog is done: new entries from now on
+        return entries
+
+    def next(self, n: int) -> list[Example]:
+        self.drawn = []
+        waited_since = time.monotonic()
+        while len(self.drawn) < n:
+            backlog = self.pending_from is not None
+            entries = self._read(n - len(self.drawn), None if backlog else 1000)
+            if entries:
+                waited_since = time.monotonic()
+            elif not backlog and time.monotonic() - waited_since > self.opts.wait_s:
+                raise PromptDataError(f"{self.where}: no prompt arrived in {self.opts.wait_s:g} "
+                                      "s (task.options.wait_s); the last checkpoint is "
+                                      "resumable")
+            for entry_id, fields in entries:
+                self.unacked.append(entry_id)
+                self.read += 1
+                row = map_row(_row(fields), self.opts.columns)
+                if isinstance(row, str):
+                    self.skipped(row)
+                    continue
+                prompt = self.render(row["messages"]) if "messages" in row else row["prompt"]
+                self.drawn.append((entry_id, Example(prompt, row["answer"] or "",
+                                                     dict(row["info"]))))
+        return [ex for _, ex in self.drawn]
+
+    def eval_examples(self) -> list[Example]:
+        return []
+
+    def demonstrations(self, seed: int) -> Any:
+        raise PromptDataError("sft.steps needs demonstrations from a task or a file; a Redis "
+                              "stream gives none (set sft.steps: 0)")
+
+    def finished(self, trajectories: list[Any], step: int) -> None:
+        """This step's episodes, sent to ``episodes_stream`` with the next checkpoint."""
+        if self.opts.episodes_stream is None:
+            return
+        for traj in trajectories:
+            index = int(traj.group_id.rsplit("|", 1)[-1].removeprefix("ex"))
+            entry_id, ex = self.drawn[index]
+            self.outbox.append({"prompt_id": entry_id, "step": step, "prompt": ex.prompt,
+                                "response": traj.turns[0].info.get("action", ""),
+                                "reward": float(traj.reward)})
+
+    def metrics(self) -> dict[str, float]:
+        return {"data/stream_prompts": float(len(self.drawn)),
+                "data/skipped_rows": float(self.skipped.total), "data/rows_read": float(self.read)}
+
+    # ------------------------------------------------------------------ exactly once
+    def checkpointed(self, step: int) -> None:
+        self._commit(self.unacked, self.outbox)
+        self.unacked, self.outbox = [], []
+
+    def _commit(self, ids: list[str], episodes: list[dict[str, Any]]) -> None:
+        """Episodes added and entries acknowledged, both or neither (MULTI/EXEC)."""
+        if not ids:
+            return
+        o = self.opts
+        pipe = self.client.pipeline(transaction=True)
+        for ep in episodes:
+            pipe.xadd(o.episodes_stream, {"json": json.dumps(ep)})
+        pipe.xack(o.stream, o.group, *ids)
+        self._call(pipe.execute)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"unacked": list(self.unacked), "outbox": list(self.outbox), "read": self.read,
+                "skipped": dict(self.skipped.reasons)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Finishes the checkpoint's transaction if it had not run, then reads the entries
+        still pending (read after the checkpoint) again, from the first."""
+        ids = state["unacked"]
+        o = self.opts
+        if ids and self._call(self.client.xpending_range, o.stream, o.group, ids[0], ids[0], 1):
+            self._commit(ids, state["outbox"])
+        self.read = state["read"]
+        self.skipped.reasons.update(state["skipped"])
+        self.unacked, self.outbox, self.pending_from = [], [], "0"
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _connect(opts: RedisStreamOptions) -> Any:
+    """A client that has answered PING (the memory banks' connection rules)."""
+    from agentrt.memory.errors import BackendUnavailableError
+    from agentrt.memory.redis_bank import connect
+
+    try:
+        return connect(opts.redis)
+    except BackendUnavailableError as exc:
+        raise PromptDataError(str(exc).replace("memory.redis.", "task.options.redis.")) from None
+
+
+def _row(fields: dict[bytes, bytes] | None) -> Any:
+    """A stream entry as a row: its ``json`` field parsed, or its fields as text."""
+    if not fields:
+        return None  # deleted while pending
+    row = {k.decode(): v.decode() for k, v in fields.items()}
+    if set(row) == {"json"}:
+        try:
+            return json.loads(row["json"])
+        except json.JSONDecodeError:
+            return None
+    return row
