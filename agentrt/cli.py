@@ -34,21 +34,23 @@ def _options(debug: bool = typer.Option(False, "--debug", help="Show tracebacks 
     _DEBUG["on"] = debug
 
 
-def _load(config: Path, set_: Optional[list[str]], imports: Optional[list[str]],
-          run_dir: Optional[str] = None, expect: Optional[str] = None) -> Any:
-    from agentrt.tools.checks import load_checked
-
-    overrides = list(set_ or []) + ([f"run_dir={run_dir}"] if run_dir else [])
-    return load_checked(config, overrides, expect=expect, imports=imports or ())[1]
-
-
-def _start(new_run: bool, resume: str) -> str:
-    """The ``start`` of a run (agentrt.controller.run_dir.RunDir.open) from ``--new-run`` and ``--resume``."""
+def _launch(kind: str, config: Path, set_: Optional[list[str]], imports: Optional[list[str]],
+            run_dir: Optional[str], new_run: bool, resume: str, frozen: bool = False) -> Any:
+    """The one way every run command starts: the config checked whole (before torch is imported
+    or a folder written), then :func:`agentrt.tools.checks.launch`. ``frozen``: nothing trains."""
+    _setup()
     if resume not in ("auto", "force"):
         raise AgentrtError(f"--resume takes auto or force, not {resume!r}")
     if new_run and resume == "force":
         raise AgentrtError("--new-run starts over and --resume force continues; pass one")
-    return "new" if new_run else resume
+    from agentrt.tools.checks import launch, load_checked
+
+    overrides = list(set_ or []) + ([f"run_dir={run_dir}"] if run_dir else [])
+    cfg = load_checked(config, overrides, expect=kind, imports=imports or ())[1]
+    if frozen:
+        cfg = cfg.model_copy(update={"policies": tuple(
+            p.model_copy(update={"trainable": False}) for p in cfg.policies)})
+    return launch(kind, cfg, "new" if new_run else resume)
 
 
 def _setup() -> None:
@@ -69,18 +71,13 @@ def train(
     resume: str = _RESUME,
 ) -> None:
     """Train one policy on a built-in task: optional SFT warm start, then GRPO/PPO/..."""
-    _setup()
-    start = _start(new_run, resume)
-    cfg = _load(config, set_, imports, run_dir, expect="train")
-    from agentrt.workloads.prompts.workload import Trainer
-
-    trainer = Trainer(cfg, start)
-    last = trainer.run()
+    run = _launch("train", config, set_, imports, run_dir, new_run, resume)
+    last = run.run()
     acc = last.get("eval/accuracy")
-    typer.echo(f"run folder: {trainer.run_dir.path}")
+    typer.echo(f"run folder: {run.run_dir.path}")
     if acc is not None:
         typer.echo(f"final held-out accuracy: {acc:.3f}")
-    typer.echo(f"curves: {trainer.run_dir.path / 'curves.png'}")
+    typer.echo(f"curves: {run.run_dir.path / 'curves.png'}")
 
 
 @app.command("check-config")
@@ -97,7 +94,7 @@ def check_config(
     model and data paths, plugin modules (imports:).
     """
     from agentrt.tools.checks import load_checked
-    from agentrt.config.sections import dump_config
+    from agentrt.config.load import dump_config
 
     found, cfg = load_checked(config, list(set_ or []), kind=kind, imports=imports or ())
     typer.echo(f"# {found} config, valid\n{dump_config(cfg)}", nl=False)
@@ -140,15 +137,10 @@ def tournament_run(
 ) -> None:
     """Train learning policies by playing scheduled matches; resumes if the folder has a
     checkpoint; ends with the leaderboard and the HTML report."""
-    _setup()
-    start = _start(new_run, resume)
-    cfg = _load(config, set_, imports, run_dir, expect="tournament")
-    from agentrt.tournaments.trainer import LeagueTrainer
-
-    trainer = LeagueTrainer(cfg, start)
-    trainer.run()
-    typer.echo(trainer.leaderboard_text)
-    typer.echo(f"report: {trainer.report_path}")
+    run = _launch("tournament", config, set_, imports, run_dir, new_run, resume)
+    run.run()
+    typer.echo(run.workload.leaderboard_text)
+    typer.echo(f"report: {run.workload.report_path}")
 
 
 @tournament_app.command("eval")
@@ -161,21 +153,15 @@ def tournament_eval(
     resume: str = _RESUME,
 ) -> None:
     """Rating-only tournament between checkpoints and baselines (nothing trains)."""
-    _setup()
-    start = _start(new_run, resume)
-    cfg = _load(config, set_, imports, expect="tournament")
-    from agentrt.tournaments.trainer import LeagueTrainer
-
+    run = _launch("tournament", config, set_, imports, None, new_run, resume, frozen=True)
+    run.run()
     from agentrt.tournaments.records import MatchStore
     from agentrt.tournaments.report import format_seat_results
 
-    frozen = tuple(p.model_copy(update={"trainable": False}) for p in cfg.policies)
-    trainer = LeagueTrainer(cfg.model_copy(update={"policies": frozen}), start)
-    trainer.run()
-    typer.echo(trainer.leaderboard_text)
-    with MatchStore(trainer.run_dir.path) as store:  # each policy by opponent and seat
-        typer.echo(format_seat_results(store, [p.id for p in cfg.policies]))
-    typer.echo(f"report: {trainer.report_path}")
+    typer.echo(run.workload.leaderboard_text)
+    with MatchStore(run.run_dir.path) as store:  # each policy by opponent and seat
+        typer.echo(format_seat_results(store, [p.id for p in run.cfg.policies]))
+    typer.echo(f"report: {run.workload.report_path}")
 
 
 @tournament_app.command("report")
@@ -212,18 +198,13 @@ def decompose_run(
 ) -> None:
     """Train a planner and its specialists on a task family's chains; resumes if the folder
     has a checkpoint; ends with held-out success and the HTML report."""
-    _setup()
-    start = _start(new_run, resume)
-    cfg = _load(config, set_, imports, run_dir, expect="decompose")
-    from agentrt.decomposer.workload import Decomposer
-
-    runner = Decomposer(cfg, start)
-    last = runner.run()
-    typer.echo(f"run folder: {runner.run_dir.path}")
+    run = _launch("decompose", config, set_, imports, run_dir, new_run, resume)
+    last = run.run()
+    typer.echo(f"run folder: {run.run_dir.path}")
     if "eval/success" in last:
         typer.echo(f"held-out task success: {last['eval/success']:.3f}, plan validity: "
                    f"{last['eval/plan_valid']:.3f}")
-    typer.echo(f"report: {runner.run_dir.path / 'report.html'}")
+    typer.echo(f"report: {run.run_dir.path / 'report.html'}")
 
 
 @decompose_app.command("report")

@@ -26,10 +26,11 @@ ARMS = ("sync", "async")
 
 def child(args: argparse.Namespace) -> None:
     """One arm in this (fresh) process; prints one JSON line."""
-    from agentrt.config.sections import load_config
+    from agentrt.config.load import load_config
+    from agentrt.workloads.prompts.config import TrainConfig
     from agentrt.workloads.prompts.workload import Trainer
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, TrainConfig)
     start = time.perf_counter()
     Trainer(cfg).run()
     wall = time.perf_counter() - start

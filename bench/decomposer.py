@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrt.config.sections import validate_config
+from agentrt.config.load import validate_config
 from agentrt.decomposer.config import DecomposeConfig
 from agentrt.decomposer.workload import Decomposer
 

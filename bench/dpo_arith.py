@@ -18,8 +18,9 @@ import time
 
 import torch
 
-from agentrt.config.sections import load_config
+from agentrt.config.load import load_config
 from agentrt.workloads.prompts.workload import Trainer
+from agentrt.workloads.prompts.config import TrainConfig
 
 ROWS = [("preference accuracy (held-out pairs)", "eval/pref_accuracy"),
         ("likelihood accuracy (held-out pairs)", "eval/pref_likelihood_accuracy"),
@@ -35,7 +36,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     run_dir = tempfile.mkdtemp(prefix="bench-dpo-")
     cfg = load_config(args.config, [f"run_dir={run_dir}", f"threads={args.threads}",
-                                    "progress=false", *args.overrides])
+                                    "progress=false", *args.overrides], TrainConfig)
     start = time.perf_counter()
     trainer = Trainer(cfg)
     trainer.run()

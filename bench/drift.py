@@ -67,10 +67,11 @@ def read(path: Path) -> list[dict]:
 
 
 def train(cfg: dict, start: str = "auto") -> None:
-    from agentrt.config.sections import validate_config
+    from agentrt.config.load import validate_config
+    from agentrt.workloads.prompts.config import TrainConfig
     from agentrt.workloads.prompts.workload import Trainer
 
-    Trainer(validate_config(cfg), start=start).run()
+    Trainer(validate_config(cfg, TrainConfig), start=start).run()
 
 
 def play(kind: str, folder: Path, model: Path, seed: int, args: argparse.Namespace) -> None:
@@ -100,7 +101,8 @@ def steps_of(run: Path) -> dict[int, list[Any]]:
 def monitor(run: Path, drift: dict) -> tuple[list[dict], list[dict]]:
     """(per checked step its drift/ metrics, the events): the run's episodes through a monitor
     with the drift section ``drift`` (action log)."""
-    from agentrt.controller.drift import DriftConfig, DriftMonitor
+    from agentrt.config.drift import DriftConfig
+    from agentrt.controller.drift import DriftMonitor
 
     steps = steps_of(run)
     texts = {tuple(t.response_ids): t.text for tr in sum(steps.values(), []) for t in tr.turns}

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from agentrt.config.sections import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig
+from agentrt.config.rollout import RolloutConfig, SamplingConfig
+from agentrt.config.sections import ModelConfig, PolicyConfig
 from agentrt.runtime.learner import HybridEngine
 from agentrt.policies import (
     ConnectFourHeuristic,

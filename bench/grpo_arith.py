@@ -25,14 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentrt.config.sections import load_config
+from agentrt.config.load import load_config
 from agentrt.workloads.prompts.workload import Trainer
+from agentrt.workloads.prompts.config import TrainConfig
 
 
 def run(config: str, overrides: list[str]) -> dict:
     """One run of the job: its held-out accuracy at every evaluation and its wall times."""
     run_dir = Path(tempfile.mkdtemp(prefix="bench-grpo-"))
-    cfg = load_config(config, [*overrides, f"run_dir={run_dir}", "progress=false"])
+    cfg = load_config(config, [*overrides, f"run_dir={run_dir}", "progress=false"], TrainConfig)
     start = time.perf_counter()
     Trainer(cfg).run()
     total = time.perf_counter() - start

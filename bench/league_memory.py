@@ -44,7 +44,8 @@ MiB = 1024 * 1024
 # ---------------------------------------------------------------------------- one arm (child)
 def make_pools(arm: str, model_dir: str, new_tokens: int, batch: int) -> dict[str, Any]:
     """Learner id -> its pool: one pool (one base, two adapters) for LoRA, else one each."""
-    from agentrt.config.sections import ModelConfig, PolicyConfig, SamplingConfig
+    from agentrt.config.rollout import SamplingConfig
+    from agentrt.config.sections import ModelConfig, PolicyConfig
     from agentrt.runtime.pool import LocalPool
 
     lora = arm != "full-weight"

@@ -40,7 +40,9 @@ from pathlib import Path
 
 import torch
 
-from agentrt.config.sections import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.algos.config import AlgorithmConfig
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.sections import ModelConfig, PolicyConfig
 from agentrt.runtime.learner import HybridEngine
 from agentrt.policies import build_model
 from agentrt.envs.tasks import encode_prompt, make_splits

@@ -59,7 +59,7 @@ def task(path: Path) -> dict[str, Any]:
 
 
 def through_source(path: Path, batch: int) -> Marks:
-    from agentrt.config.sections import TaskConfig
+    from agentrt.workloads.prompts.config import TaskConfig
     from agentrt.workloads.prompts.data import open_source
 
     source = open_source(TaskConfig(**task(path)), seed=0)
@@ -73,7 +73,8 @@ def through_source(path: Path, batch: int) -> Marks:
 
 
 def through_training(path: Path, folder: Path, per_step: int) -> Marks:
-    from agentrt.config.sections import validate_config
+    from agentrt.config.load import validate_config
+    from agentrt.workloads.prompts.config import TrainConfig
     from agentrt.workloads.prompts.workload import Trainer
 
     steps = -(-MARKS[-1] // per_step)
@@ -83,7 +84,7 @@ def through_training(path: Path, folder: Path, per_step: int) -> Marks:
         "policy": {"model": {"preset": "llama-nano"}, "micro_batch_size": per_step,
                    "rollout": {"sampling": {"max_new_tokens": 2}, "batch_size": per_step}},
         "train": {"steps": steps, "prompts_per_step": per_step, "group_size": 1},
-        "eval": {"every": 10 * steps}, "checkpoint": {"every": 10, "keep": 1}})
+        "eval": {"every": 10 * steps}, "checkpoint": {"every": 10, "keep": 1}}, TrainConfig)
     trainer = Trainer(cfg)
     marks, source = Marks(), trainer.workload.source
     real = source.next

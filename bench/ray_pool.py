@@ -22,7 +22,9 @@ from pathlib import Path
 
 import torch
 
-from agentrt.config.sections import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.algos.config import AlgorithmConfig
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.sections import ModelConfig, PolicyConfig
 from agentrt.runtime.pool import BasePool, LocalPool
 from agentrt.runtime.ray_pool import PolicyPool
 from agentrt.core.types import Trajectory, Turn

@@ -30,15 +30,16 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
-from agentrt.config.sections import load_config
+from agentrt.config.load import load_config
 from agentrt.workloads.prompts.workload import Trainer
+from agentrt.workloads.prompts.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(config: str, overrides: list[str], run_dir: Path) -> list[tuple[int, float]]:
     """(step, held-out exact match) of each evaluation of one run."""
-    cfg = load_config(config, [*overrides, f"run_dir={run_dir}", "progress=false"])
+    cfg = load_config(config, [*overrides, f"run_dir={run_dir}", "progress=false"], TrainConfig)
     Trainer(cfg).run()
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]

@@ -47,7 +47,8 @@ from pathlib import Path
 
 import torch
 
-from agentrt.config.sections import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig, VLLMConfig
+from agentrt.config.rollout import RolloutConfig, SamplingConfig, VLLMConfig
+from agentrt.config.sections import ModelConfig, PolicyConfig
 from agentrt.runtime.learner import HybridEngine
 from agentrt.policies import build_model
 from agentrt.runtime.rollout import VLLMRollout

@@ -62,7 +62,7 @@ TOL = {"fp32": {"logprobs": 2e-4, "advantages": 1e-5, "loss": 1e-5, "grad_norm":
 
 def examples(n: int, seed: int) -> list:
     """The arithmetic task's training examples (2-digit addition), as agentrt draws them."""
-    from agentrt.config.sections import TaskConfig
+    from agentrt.workloads.prompts.config import TaskConfig
     from agentrt.workloads.prompts.data import open_source
 
     return open_source(TaskConfig.model_validate(task_config(n)), seed).next(n)
@@ -94,7 +94,8 @@ def agentrt_config(model_dir: str, tokens: int, steps: int, run_dir: str, thread
                    backend: str, overrides: list[str], precision: str = "fp32"):
     import yaml
 
-    from agentrt.config.sections import load_config
+    from agentrt.config.load import load_config
+    from agentrt.workloads.prompts.config import TrainConfig
 
     raw = {
         "seed": SEED, "run_dir": run_dir, "progress": False, "threads": threads,
@@ -111,7 +112,7 @@ def agentrt_config(model_dir: str, tokens: int, steps: int, run_dir: str, thread
     }
     path = Path(tempfile.mkdtemp()) / "vs_trl.yaml"
     path.write_text(yaml.safe_dump(raw))
-    return load_config(path, overrides)
+    return load_config(path, overrides, TrainConfig)
 
 
 def run_agentrt(a: argparse.Namespace) -> dict:

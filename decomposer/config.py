@@ -20,13 +20,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
-
-from agentrt.config.sections import (CheckpointConfig, ExportConfig, GuardsConfig, PolicyConfig,
-                            RuntimeConfig, Section, SFTConfig)
-from agentrt.controller.drift import DriftConfig
 from agentrt.decomposer.router import RouterConfig
 from agentrt.decomposer.sdk import WHOLE, make_family
+from pydantic import Field, model_validator
+
+from agentrt.config.run import LoopConfig, RunConfig
+from agentrt.config.sections import PolicyConfig, Section, SFTConfig
 
 
 class FamilyConfig(Section):
@@ -72,7 +71,7 @@ class ToolConfig(Section):
     skills: tuple[str, ...] = Field(..., min_length=1, description="Subtask types it is routed.")
 
 
-class DecomposeLoopConfig(Section):
+class DecomposeLoopConfig(LoopConfig):
     steps: int = Field(40, ge=0, description="RL steps (one batch of chains + updates each).")
     tasks_per_step: int = Field(32, gt=0, description="Distinct tasks per step.")
     group_size: int = Field(4, gt=0, description="Chains played per task (planner baselines).")
@@ -86,13 +85,15 @@ class DecomposeEvalConfig(Section):
     examples: int = Field(8, ge=0, description="Example chains kept per evaluation (report).")
 
 
-class DecomposeConfig(Section):
+class DecomposeConfig(RunConfig):
     """``agentrt decompose run CONFIG.yaml``."""
 
-    seed: int = Field(0, description="Global seed for torch, numpy and python.")
+    UNSUPPORTED = {
+        "control.enabled": "online control is not wired for decompose runs yet",
+        "train.async_rollout.enabled": "the asynchronous rollout is not wired for decompose runs yet",
+    }
+
     run_dir: str = Field("runs/decompose", description="Output folder for this run.")
-    threads: int | None = Field(None, gt=0, description="torch threads (default: tuned, see "
-                                "agentrt.runtime.threads).")
     family: FamilyConfig = Field(default_factory=FamilyConfig)
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     policies: list[SpecialistPolicy] = Field(..., min_length=1, description="LM policies.")
@@ -102,12 +103,6 @@ class DecomposeConfig(Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     train: DecomposeLoopConfig = Field(default_factory=DecomposeLoopConfig)
     eval: DecomposeEvalConfig = Field(default_factory=DecomposeEvalConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    progress: bool = Field(True, description="Show a progress bar (a line per step if no TTY).")
-    guards: GuardsConfig = Field(default_factory=GuardsConfig)
-    drift: DriftConfig = Field(default_factory=DriftConfig)
-    export: ExportConfig = Field(default_factory=ExportConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> DecomposeConfig:

@@ -19,20 +19,29 @@ import logging
 from collections import Counter, defaultdict
 from typing import Any, Callable
 
-from agentrt.config.sections import dump_config
-from agentrt.controller.loop import Controller, greedy, set_threads
 from agentrt.decomposer.config import DecomposeConfig
 from agentrt.decomposer.env import PLANNER, ChainEnv, family_splits
 from agentrt.decomposer.router import Router
 from agentrt.decomposer.sdk import WHOLE
+from agentrt.envs.tasks import Example
 from agentrt.policies.base import as_policy
 from agentrt.policies.lm import LMPolicy, PromptTemplate
+
+from agentrt.controller.launch import Run
+from agentrt.controller.loop import Controller, greedy
+from agentrt.controller.run_dir import truncate_jsonl
+from agentrt.controller.workload import Workload
 from agentrt.core.registry import import_callable
-from agentrt.controller.run_dir import RunDir, seed_everything, truncate_jsonl
-from agentrt.runner.core import ROUTED, EpisodeRecord, EpisodeRunner, EpisodeSpec, RunnerConfig
-from agentrt.runner.core import RunResult
-from agentrt.envs.tasks import Example
-from agentrt.workloads.prompts.workload import PromptSampler, sft_warm_start
+from agentrt.runner.core import (
+    ROUTED,
+    EpisodeRecord,
+    EpisodeRunner,
+    EpisodeSpec,
+    RunnerConfig,
+    RunResult,
+)
+from agentrt.workloads.prompts.data.sources import PromptSampler
+from agentrt.workloads.prompts.workload import sft_warm_start
 
 log = logging.getLogger(__name__)
 
@@ -41,20 +50,17 @@ CHAIN_TEMPLATE = PromptTemplate(first="{observation}", history=False)
 ENV = "Decompose-v0"
 
 
-class DecomposeWorkload:
+class DecomposeWorkload(Workload):
     """Chains of a task family for a planner and its specialists (see the module docstring)."""
 
     label = "decompose"
     outputs = ("chains.jsonl", "eval_chains.jsonl", "report.html", "final")  # + RunDir.outputs
 
     def __init__(self, cfg: DecomposeConfig) -> None:
-        self.cfg = cfg
+        super().__init__(cfg)
         f = cfg.family
         self.family, self.train_tasks, self.eval_tasks = family_splits(
             f.name, json.dumps(f.options, sort_keys=True), f.train_size, f.eval_size, f.seed)
-        self.steps, self.progress = cfg.train.steps, cfg.progress
-        self.eval_every, self.checkpoint_every = cfg.eval.every, cfg.checkpoint.every
-        self.checkpoint_keep = cfg.checkpoint.keep
         self.planner = cfg.planner.policy if cfg.planner.kind == "lm" else None
         probe = ChainEnv(**self.env_kwargs("train"))
         self.seats = len(probe.possible_agents)
@@ -68,9 +74,6 @@ class DecomposeWorkload:
                              {k: t.skills for k, t in self.family.types.items()}, seed=cfg.seed,
                              memory_path=None)
         self.last_step = 0  # the step whose chains were recorded last
-
-    def config_text(self) -> str:
-        return dump_config(self.cfg)
 
     def env_kwargs(self, split: str) -> dict[str, Any]:
         c, f, p = self.cfg.chain, self.cfg.family, self.cfg.planner
@@ -143,9 +146,6 @@ class DecomposeWorkload:
     def players(self, specs: list[EpisodeSpec]) -> dict[str, Any]:
         return self.policies
 
-    def on_episode_end(self) -> None:
-        return None
-
     def seat_router(self, explore: bool = True) -> Callable[[Any, str], str]:
         """Binds an attempt agent to a specialist when it first acts."""
         other = self.cfg.chain.retry_with == "other"
@@ -177,7 +177,8 @@ class DecomposeWorkload:
 
     def training_data(self, played: RunResult, step: int) -> dict[str, Any]:
         """Each trainable LM policy's trajectories, grouped for baselines: a specialist's per
-        (subtask type, policy), the planner's per task."""
+        (subtask type, policy) (the type as its group's role, whatever the task or attempt
+        seat), the planner's per task."""
         data: dict[str, list[Any]] = defaultdict(list)
         trainable = {p.id for p in self.cfg.policies if p.trainable}
         for traj in played.trajectories:
@@ -185,15 +186,10 @@ class DecomposeWorkload:
                 continue
             if traj.role != PLANNER:
                 kind = traj.info["final_info"].get("subtask", "?")
-                traj = dataclasses.replace(traj, group_id=f"{kind}|{traj.policy_id}")
+                group = dataclasses.replace(traj.group_id, role=kind, task=None)
+                traj = dataclasses.replace(traj, group_id=group)
             data[traj.policy_id].append(traj)
         return dict(data)
-
-    def after_step(self, ctl: Controller, step: int) -> dict[str, float]:
-        return {}
-
-    def done(self) -> bool:
-        return False
 
     def evaluate(self, ctl: Controller) -> dict[str, float]:
         """Held-out tasks, greedy decoding and greedy routing (``eval.greedy``); the router
@@ -266,25 +262,9 @@ def chain_metrics(chains: list[dict[str, Any]], prefix: str) -> dict[str, float]
     return out
 
 
-class Decomposer:
-    """Runs ``agentrt decompose run``: the controller loop over a :class:`DecomposeWorkload`
-    (``start``: as :class:`agentrt.workloads.prompts.workload.Trainer`'s)."""
+class Decomposer(Run):
+    """``agentrt decompose run`` from Python: :class:`~agentrt.controller.launch.Run` over a
+    :class:`DecomposeWorkload` (``start``: as :class:`~agentrt.controller.launch.Run`'s)."""
 
     def __init__(self, cfg: DecomposeConfig, start: str = "auto") -> None:
-        self.cfg = cfg
-        set_threads(cfg.threads)
-        self.run_dir = RunDir.open(cfg.run_dir, cfg, start,
-                                   DecomposeWorkload.outputs)
-        seed_everything(cfg.seed)
-        self.workload = DecomposeWorkload(cfg)
-        self.controller = Controller(list(cfg.policies), cfg.runtime, self.run_dir,
-                                     seed=cfg.seed, total_steps=max(1, cfg.train.steps),
-                                     guards=cfg.guards, export=cfg.export, drift=cfg.drift)
-
-    def run(self, stop_after: int | None = None) -> dict[str, float]:
-        """Trains to ``train.steps`` (or stops after ``stop_after`` more steps, as if killed);
-        resumes from the run folder's last checkpoint. Returns the last metrics row."""
-        try:
-            return self.controller.run(self.workload, stop_after)
-        finally:
-            self.controller.shutdown()
+        super().__init__(cfg, DecomposeWorkload, start)

@@ -84,7 +84,7 @@ def top_tool(request) -> str:
 
 
 def main() -> None:
-    from agentrt.config.sections import validate_config
+    from agentrt.config.load import validate_config
     from agentrt.decomposer.config import DecomposeConfig
     from agentrt.decomposer.workload import Decomposer
 

@@ -153,7 +153,7 @@ def bank_config(data: dict | BankConfig | None = None, **fields: object) -> Bank
     try:
         return BankConfig.model_validate(raw)
     except ValidationError as exc:
-        from agentrt.config.sections import format_validation_error
+        from agentrt.core.schema import format_validation_error
 
         raise MemoryBankError(
             f"invalid memory bank config: {format_validation_error(exc)}"

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from agentrt.config.sections import RuntimeConfig
+from agentrt.workloads.prompts.config import TrainConfig
 
 PROBE = """
 import json, resource, sys, torch
@@ -74,7 +75,7 @@ FREEZE_COUNTS: list[int] = []
 def test_a_run_freezes_after_its_first_step_and_releases_at_its_end(tmp_path, tiny_model_dir):
     import gc
 
-    from agentrt.config.sections import validate_config
+    from agentrt.config.load import validate_config
     from agentrt.rewards import reward
     from agentrt.workloads.prompts.workload import Trainer
     from test_trainer import small_config
@@ -86,7 +87,7 @@ def test_a_run_freezes_after_its_first_step_and_releases_at_its_end(tmp_path, ti
 
     cfg = small_config(tmp_path, tiny_model_dir, reward="test_freeze_count")
     cfg["train"] = {**cfg.get("train", {}), "steps": 3}
-    Trainer(validate_config(cfg)).run()
+    Trainer(validate_config(cfg, TrainConfig)).run()
     assert FREEZE_COUNTS[0] == 0  # the start-up evaluation and step 1 run unfrozen
     frozen = [i for i, c in enumerate(FREEZE_COUNTS) if c > 0]
     assert frozen and frozen == list(range(frozen[0], frozen[-1] + 1))  # then steps 2-3

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrt.config.sections import PolicyConfig, TrainConfig, validate_config
+from agentrt.config.load import validate_config
+from agentrt.config.sections import PolicyConfig
+from agentrt.workloads.prompts.config import TrainConfig
 from agentrt.controller.episodes import EpisodeLog
 from agentrt.core.errors import ConfigError
 from agentrt.runtime.pool import LocalPool
@@ -41,7 +43,7 @@ def config(run_dir: Path, model: Path, enabled: bool = True, steps: int = 5, lor
                    "lora": {"enabled": lora}, "rollout": {"sampling": {"max_new_tokens": 4}}},
         "train": {"steps": steps, "prompts_per_step": 4, "group_size": 4,
                   "async_rollout": {"enabled": enabled, "max_staleness": 1}},
-        "eval": {"every": 100}, "checkpoint": {"every": 3}})
+        "eval": {"every": 100}, "checkpoint": {"every": 3}}, TrainConfig)
 
 
 def metrics(run_dir: Path) -> dict[int, dict]:
@@ -200,7 +202,7 @@ def test_off_by_default(tmp_path, nano_dir):
 def test_bad_async_config(override, field):
     data = {"train": {"async_rollout": {"enabled": True}}, **override}
     with pytest.raises(ConfigError, match=field):
-        validate_config(data)
+        validate_config(data, TrainConfig)
 
 
 def test_samples_beyond_the_bound_are_generated_again(tmp_path, nano_dir):

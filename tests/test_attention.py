@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from agentrt.runtime import attention
-from agentrt.config.sections import AlgorithmConfig
+from agentrt.algos.config import AlgorithmConfig
 from test_engine import make_engine
 from test_packing import ARMS, update_steps, varied_batch
 

@@ -252,7 +252,7 @@ def _league_cfg(run: Path, model: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A finished train run and a finished league run (1 step each) to damage copies of."""
-    from agentrt.config.sections import validate_config
+    from agentrt.config.load import validate_config
     from agentrt.tools.checks import config_model
     from agentrt.tournaments.trainer import LeagueTrainer
     from agentrt.workloads.prompts.workload import Trainer

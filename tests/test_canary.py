@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from agentrt.serving.canary_stats import CanaryTest, SequentialTest, design
-from agentrt.config.sections import SamplingConfig
+from agentrt.config.rollout import SamplingConfig
 from agentrt.policies import build_model
 from agentrt.serving.protocol import encode_text
 from test_cli_check import run_cli

@@ -10,7 +10,7 @@ import pytest
 import torch
 from agentrt.policies import build_model, load_model
 
-from agentrt.config.sections import SamplingConfig
+from agentrt.config.rollout import SamplingConfig
 from agentrt.runtime.rollout.compiled import plain_plan
 from agentrt.runtime.rollout.static import StaticDecoder
 

@@ -27,10 +27,11 @@ import redis
 import yaml
 
 from agentrt.cli import main
-from agentrt.config.sections import load_config
+from agentrt.config.load import load_config
 from agentrt.controller.control.client import send
 from agentrt.controller.episodes import EpisodeLog
 from agentrt.workloads.prompts.workload import Trainer
+from agentrt.workloads.prompts.config import TrainConfig
 
 STEPS, PROMPTS, GROUP, PAUSE, STALENESS, MAX_GROUPS = 14, 2, 8, 11, 8, 10
 
@@ -138,7 +139,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                                                    .read_text().splitlines())}
         rec["episodes"] = list(EpisodeLog(run))
         # a resume for two more steps (in this process), control off: the live values stay
-        Trainer(load_config(path, [f"train.steps={STEPS + 2}", "control.enabled=false"])).run()
+        Trainer(load_config(path, [f"train.steps={STEPS + 2}", "control.enabled=false"], TrainConfig)).run()
         rec["metrics_resumed"] = {r["step"]: r for r in map(
             json.loads, (run / "metrics.jsonl").read_text().splitlines())}
         rec["episodes_resumed"] = list(EpisodeLog(run))

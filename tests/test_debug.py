@@ -24,12 +24,13 @@ from typing import Any
 
 import pytest
 
-from agentrt.config.sections import validate_config
+from agentrt.config.load import validate_config
 from agentrt.tools.debug import DRIFT_NATS, diagnose
 from agentrt.controller.episodes import EpisodeLog
 from agentrt.envs.tasks import make_splits
 from agentrt.workloads.prompts.workload import PromptWorkload, Trainer
 from agentrt.core.types import Trajectory, Turn
+from agentrt.workloads.prompts.config import TrainConfig
 from test_cli_check import run_cli  # the real entry point, in this process
 
 TASK = {"name": "arithmetic", "train_size": 32, "eval_size": 8, "seed": 5}
@@ -75,7 +76,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
                            "rollout": {"sampling": {"max_new_tokens": 4}}},
                 "sft": {"lr": 3e-3, "warmup_steps": 0},
                 "train": {"steps": steps, "prompts_per_step": 2, "group_size": 2},
-                "eval": {"every": 100}, "checkpoint": {"every": 1, "keep": 5}})
+                "eval": {"every": 100}, "checkpoint": {"every": 1, "keep": 5}}, TrainConfig)
             trainer = Trainer(cfg)
             if name == "drift":
                 trainer.workload = PlantedDrift(cfg)
@@ -153,7 +154,7 @@ def test_prompt_in_a_preference_data_file(runs: Path, tmp_path: Path) -> None:
         "policy": {"model": {"path": str(runs / "nano")},
                    "algorithm": {"name": "dpo", "online": False}},
         "data": {"path": str(pairs), "eval_fraction": 0.0},
-        "train": {"steps": 1, "prompts_per_step": 2}, "eval": {"every": 100}})
+        "train": {"steps": 1, "prompts_per_step": 2}, "eval": {"every": 100}}, TrainConfig)
     Trainer(cfg).run()
     (tmp_path / "s.json").write_text(json.dumps({"prompt": "13*13=", "response": "169",
                                                  "info": {"answer": "169"}}))
@@ -172,7 +173,7 @@ def test_prompt_in_a_prompt_file(runs: Path, tmp_path: Path) -> None:
                  "options": {"path": str(rows), "columns": {"prompt": "q", "answer": "a"}}},
         "policy": {"model": {"path": str(runs / "nano")},
                    "rollout": {"sampling": {"max_new_tokens": 2}}},
-        "train": {"steps": 1, "prompts_per_step": 2, "group_size": 2}, "eval": {"every": 100}})
+        "train": {"steps": 1, "prompts_per_step": 2, "group_size": 2}, "eval": {"every": 100}}, TrainConfig)
     Trainer(cfg).run()
     for a, leaked in [(120, True), (101, False)]:
         (tmp_path / "s.json").write_text(json.dumps({

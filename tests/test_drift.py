@@ -11,12 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentrt.config.sections import PolicyConfig, validate_config
-from agentrt.controller.drift import DriftConfig, SignalTest, compare, ks_2samp, psi, weights_sha256
+from agentrt.config.load import validate_config
+from agentrt.config.sections import PolicyConfig
+from agentrt.config.drift import DriftConfig, SignalTest
+from agentrt.controller.drift import compare, ks_2samp, psi, weights_sha256
 from agentrt.runtime.pool import LocalPool
 from agentrt.rewards import reward
 from agentrt.controller.run_dir import load_checkpoint
 from agentrt.workloads.prompts.workload import Trainer
+from agentrt.workloads.prompts.config import TrainConfig
 
 DEFAULTS = DriftConfig()  # the drift section's defaults, measured by bench/drift.py
 
@@ -78,11 +81,11 @@ def test_reward_paying_for_length_is_flagged_and_rolled_back(tmp_path: Path, nan
     # would roll back first
     length = DEFAULTS.signals["response_length"].model_dump()
     drift = {"action": "rollback", "max_actions": 5, "signals": {"response_length": length}}
-    Trainer(validate_config(config(run, nano_dir, 30, **drift))).run()
+    Trainer(validate_config(config(run, nano_dir, 30, **drift), TrainConfig)).run()
     assert rows(run, "drift.jsonl") == []  # no alert before the change
     # the user changes the reward of the running run and continues it at step 30
     changed = config(run, nano_dir, 55, **drift) | {"reward": "test_pays_for_length"}
-    Trainer(validate_config(changed), start="force").run()
+    Trainer(validate_config(changed, TrainConfig), start="force").run()
 
     events = rows(run, "drift.jsonl")
     alerts = [e for e in events if e["event"] == "alert"]
@@ -115,7 +118,7 @@ def test_reward_paying_for_length_is_flagged_and_rolled_back(tmp_path: Path, nan
 
 
 def test_a_run_without_change_raises_no_alert_over_200_steps(tmp_path: Path, nano_dir: Path):
-    Trainer(validate_config(config(tmp_path, nano_dir, 200))).run()
+    Trainer(validate_config(config(tmp_path, nano_dir, 200), TrainConfig)).run()
     metrics = rows(tmp_path, "metrics.jsonl")
     checked = [r for r in metrics if "drift/response_length/stat" in r]
     # every step once both windows are full
@@ -171,9 +174,9 @@ def test_resume_continues_the_monitor_exactly(tmp_path: Path, nano_dir: Path) ->
         return c | {"sft": {"steps": 0}, "checkpoint": {"every": 2, "keep": 1},
                     "train": {"steps": 9, "prompts_per_step": 8, "group_size": 2}}
 
-    Trainer(validate_config(cfg(tmp_path / "a"))).run()
-    Trainer(validate_config(cfg(tmp_path / "b"))).run(stop_after=5)
-    Trainer(validate_config(cfg(tmp_path / "b"))).run()
+    Trainer(validate_config(cfg(tmp_path / "a"), TrainConfig)).run()
+    Trainer(validate_config(cfg(tmp_path / "b"), TrainConfig)).run(stop_after=5)
+    Trainer(validate_config(cfg(tmp_path / "b"), TrainConfig)).run()
 
     def drift_rows(run: Path) -> list[dict]:
         return [{k: v for k, v in r.items() if k.startswith("drift/")}

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrt.config.sections import validate_config
+from agentrt.config.load import validate_config
 from agentrt.controller.episodes import EPISODES, Episode, EpisodeLog, _dict_json, episode_id
 from agentrt.workloads.prompts.workload import Trainer
+from agentrt.workloads.prompts.config import TrainConfig
 
 PROMPTS, GROUP = 2, 2
 
@@ -49,7 +50,7 @@ def rows(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def test_rows_hold_each_trained_episode(tmp_path: Path, nano_dir: Path) -> None:
-    Trainer(validate_config(config(tmp_path / "run", nano_dir, 2))).run()
+    Trainer(validate_config(config(tmp_path / "run", nano_dir, 2), TrainConfig)).run()
     log = EpisodeLog(tmp_path / "run")
     got = list(log)
     assert [e.id for e in got] == [episode_id(s, i) for s in (1, 2)
@@ -69,8 +70,8 @@ def test_rows_hold_each_trained_episode(tmp_path: Path, nano_dir: Path) -> None:
 
 
 def test_resume_replaces_rows_after_the_checkpoint(tmp_path: Path, nano_dir: Path) -> None:
-    Trainer(validate_config(config(tmp_path / "straight", nano_dir, 4))).run()
-    cfg = validate_config(config(tmp_path / "killed", nano_dir, 4))
+    Trainer(validate_config(config(tmp_path / "straight", nano_dir, 4), TrainConfig)).run()
+    cfg = validate_config(config(tmp_path / "killed", nano_dir, 4), TrainConfig)
     Trainer(cfg).run(stop_after=3)  # checkpoint at step 2; step 3's rows are written
     killed = rows(tmp_path / "killed")
     assert max(r["step"] for r in killed) == 3
@@ -107,8 +108,8 @@ def test_sigkill_leaves_whole_steps_and_resume_completes(tmp_path: Path,
     counts = {s: sum(r["step"] == s for r in left) for s in {r["step"] for r in left}}
     assert set(counts.values()) == {PROMPTS * GROUP} and sorted(counts) == list(
         range(1, max(counts) + 1))
-    Trainer(validate_config(cfg)).run()  # the resume (in this process: no second start-up)
-    Trainer(validate_config(config(tmp_path / "straight", nano_dir, steps))).run()
+    Trainer(validate_config(cfg, TrainConfig)).run()  # the resume (in this process: no second start-up)
+    Trainer(validate_config(config(tmp_path / "straight", nano_dir, steps), TrainConfig)).run()
     assert rows(tmp_path / "run") == rows(tmp_path / "straight")
 
 

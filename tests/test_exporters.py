@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentrt.config.sections import ExportConfig, TrainConfig
+from agentrt.config.export import ExportConfig
+from agentrt.workloads.prompts.config import TrainConfig
 from agentrt.core.errors import ConfigError
 from agentrt.controller.exporters import Exporters, MLflowExporter, PrometheusExporter, model_folders
 
@@ -83,7 +84,7 @@ def test_mlflow_logs_the_run_resumes_it_and_registers_the_final_models(tmp_path:
 
     from mlflow import MlflowClient
 
-    from agentrt.config.sections import MLflowConfig
+    from agentrt.config.export import MLflowConfig
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -9,7 +9,8 @@ import logging
 import pytest
 import torch
 
-from agentrt.config.sections import ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.sections import ModelConfig, PolicyConfig
 from agentrt.controller.loop import PolicyHandle
 from agentrt.policies import LMPolicy, PromptTemplate
 from agentrt.runtime.pool import LocalPool

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentrt.algos import PREFERENCE_LOSSES, PreferenceIndex, sequence_logps
-from agentrt.config.sections import AlgorithmConfig
+from agentrt.algos.config import AlgorithmConfig
 from agentrt.runtime.losses import preference_loss
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 from test_trainer import rows, small_config  # also registers the test rewards
 
-from agentrt.config.sections import validate_config
+from agentrt.config.load import validate_config
 from agentrt.workloads.prompts.workload import Trainer
+from agentrt.workloads.prompts.config import TrainConfig
 
 _GEN = Path(__file__).parents[1] / "examples" / "data" / "make_arith_prefs.py"
 _spec = importlib.util.spec_from_file_location("make_arith_prefs", _GEN)
@@ -59,7 +60,7 @@ def test_dpo_on_arithmetic_preferences_learns_held_out_pairs(tmp_path, tiny_mode
         "sft.steps": 200, "sft.batch_size": 64, "train.steps": 40, "train.prompts_per_step": 64,
         "eval.every": 10, "policy.algorithm": {"name": "dpo", "beta": 0.5,
                                                "chosen_nll_coef": 1.0},
-        "policy.optim": {"lr": 5e-4, "warmup_steps": 5}}))
+        "policy.optim": {"lr": 5e-4, "warmup_steps": 5}}), TrainConfig)
     Trainer(cfg).run()
     log = rows(tmp_path / "run")
     start, end = log[0], log[-1]
@@ -83,7 +84,7 @@ def test_dpo_on_arithmetic_preferences_learns_held_out_pairs(tmp_path, tiny_mode
 def test_every_preference_loss_trains_through_the_trainer(tmp_path, tiny_model_dir, algorithm):
     data = write_rows(tmp_path / "lists.jsonl", make_rows(120, "listwise", 0, 1, 1234, 32))
     cfg = validate_config(pref_config(tmp_path, tiny_model_dir, data, **{
-        "policy.algorithm": {"name": algorithm, "beta": 0.5}, "train.steps": 8}))
+        "policy.algorithm": {"name": algorithm, "beta": 0.5}, "train.steps": 8}), TrainConfig)
     Trainer(cfg).run()
     log = [r for r in rows(tmp_path) if "actor/loss" in r]
     assert len(log) == 8 and all(r["actor/skipped"] == 0 for r in log)
@@ -96,7 +97,7 @@ def test_every_preference_loss_trains_through_the_trainer(tmp_path, tiny_model_d
 def test_online_dpo_raises_the_reward(tmp_path, tiny_model_dir):
     cfg = validate_config(small_config(tmp_path, tiny_model_dir, **{
         "policy.algorithm": {"name": "dpo", "online": True, "beta": 0.5},
-        "policy.optim.lr": 2e-3}))
+        "policy.optim.lr": 2e-3}), TrainConfig)
     Trainer(cfg).run()
     log = [r for r in rows(tmp_path) if "reward/mean" in r]
     r = [row["reward/mean"] for row in log]
@@ -116,7 +117,7 @@ def test_resume_and_malformed_rows(tmp_path, tiny_model_dir, caplog):
         return validate_config(pref_config(d, tiny_model_dir, data, **{
             "train.steps": 5, "checkpoint.every": 2, "sft.steps": 2, "sft.batch_size": 8,
             "policy.algorithm": {"name": "dpo", "online": False, "beta": 0.1},
-            "policy.optim.schedule": "cosine"}))
+            "policy.optim.schedule": "cosine"}), TrainConfig)
 
     with caplog.at_level("WARNING", logger="agentrt.runtime.preference"):
         Trainer(cfg(tmp_path / "a")).run()

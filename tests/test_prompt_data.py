@@ -14,12 +14,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from agentrt.config.sections import TaskConfig, validate_config
+from agentrt.config.load import validate_config
+from agentrt.workloads.prompts.config import TaskConfig
 from agentrt.workloads.prompts.data import check_source, open_source
 from agentrt.workloads.prompts.data.readers import JsonlReader, open_reader
 from agentrt.workloads.prompts.data.sources import keyword_reward, render_messages
 from agentrt.core.errors import ConfigError
 from agentrt.workloads.prompts.workload import Trainer
+from agentrt.workloads.prompts.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -177,7 +179,7 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
              ({"path": str(tmp_path), "shuffle_buffer": -1}, "shuffle_buffer"), ({}, "path")]
     for options, expected in cases:
         with pytest.raises(ConfigError, match="task") as err:
-            validate_config({**base, "task": {"name": "dataset", "options": options}})
+            validate_config({**base, "task": {"name": "dataset", "options": options}}, TrainConfig)
         assert expected in str(err.value), (options, str(err.value))
     with pytest.raises(ConfigError, match="cannot be read as parquet"):
         bad = tmp_path / "x.parquet"
@@ -234,7 +236,7 @@ def small_train(run_dir: Path, path: Path, **over: Any) -> Any:
                       "rollout": {"sampling": {"max_new_tokens": 3}}},
            "train": {"steps": 4, "prompts_per_step": 6, "group_size": 2},
            "eval": {"every": 100}, "checkpoint": {"every": 2}, **over}
-    return validate_config(cfg)
+    return validate_config(cfg, TrainConfig)
 
 
 class Recorded:

@@ -19,7 +19,8 @@ import pytest
 import redis
 import yaml
 
-from agentrt.config.sections import TaskConfig
+from agentrt.core.types import GroupKey, Trajectory, Turn
+from agentrt.workloads.prompts.config import TaskConfig
 from agentrt.workloads.prompts.data import open_source
 from agentrt.workloads.prompts.data.sources import PromptDataError
 from test_cli_check import run_cli
@@ -44,13 +45,10 @@ def sink(client: redis.Redis) -> list[dict[str, Any]]:
     return [json.loads(f[b"json"]) for _, f in client.xrange("episodes")]
 
 
-class Traj:
-    """A played one-turn episode as the source's sink reads it (group 'ex<i>')."""
-
-    def __init__(self, index: int) -> None:
-        self.group_id = f"Task-v0|agent_0|policy|ex{index}"
-        self.reward = 1.0
-        self.turns = [type("T", (), {"info": {"action": "x"}})()]
+def played(index: int) -> Trajectory:
+    """A played one-turn episode of prompt ``index`` as the runner makes it (task 'ex<i>')."""
+    turn = Turn([1], [2], [0.0], reward=1.0, info={"action": "x"})
+    return Trajectory([turn], group_id=GroupKey("Task-v0", "agent_0", "policy", task=f"ex{index}"))
 
 
 def test_acknowledged_only_after_the_checkpoint(redis_server) -> None:
@@ -62,7 +60,7 @@ def test_acknowledged_only_after_the_checkpoint(redis_server) -> None:
     first = open_source(task, seed=0)
     step1 = first.next(10)
     assert step1[0].info == {"answer": "1", "tol": "0"} and step1[0].prompt == "0+1="
-    first.finished([Traj(i) for i in range(10)], 1)
+    first.finished([played(i) for i in range(10)], 1)
     state = json.loads(json.dumps(first.state_dict()))  # checkpoint 1 written ...
     after = [ex.prompt for ex in first.next(7)]  # ... step 2 read, then killed
     assert client.xpending("prompts", "agentrt")["pending"] == 17 and sink(client) == []

@@ -19,7 +19,8 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from agentrt.config.sections import TrainConfig, validate_config
+from agentrt.config.load import validate_config
+from agentrt.workloads.prompts.config import TrainConfig
 from agentrt.core.errors import ConfigError
 from agentrt.controller.guards import RunStopped
 from agentrt.rewards import Sample, build_executor, check_reward, parse_reward

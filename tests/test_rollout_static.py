@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from agentrt.config.sections import RolloutConfig, SamplingConfig
+from agentrt.config.rollout import RolloutConfig, SamplingConfig
 from agentrt.policies import build_model, load_model
 from agentrt.runtime.rollout.hf import HFRollout
 from agentrt.runtime.rollout.static import StaticDecoder

@@ -32,10 +32,11 @@ import torch
 import yaml
 
 from agentrt.controller.checkpoint import CheckpointError, load_checkpoint, sha256_of
-from agentrt.config.sections import validate_config
+from agentrt.config.load import validate_config
 from agentrt.controller.identity import RunFolderError
 from agentrt.controller.run_dir import RunDir
 from agentrt.workloads.prompts.workload import Trainer
+from agentrt.workloads.prompts.config import TrainConfig
 
 AGENTRT = [sys.executable, "-m", "agentrt.cli"]
 STEPS = 3
@@ -98,7 +99,7 @@ def write_yaml(path: Path, cfg: dict[str, Any]) -> Path:
 def train_run(tmp_path_factory, tiny_model_dir) -> Path:
     """A finished 3-step train run with a checkpoint at every step (copy before changing)."""
     run_dir = tmp_path_factory.mktemp("integrity") / "train"
-    Trainer(validate_config(train_config(run_dir, tiny_model_dir))).run()
+    Trainer(validate_config(train_config(run_dir, tiny_model_dir), TrainConfig)).run()
     return run_dir
 
 
@@ -174,7 +175,7 @@ def test_a_damaged_latest_checkpoint_resumes_from_the_previous_good_one(
         load_checkpoint(ckpts / f"step_{STEPS}")
 
     with caplog.at_level(logging.WARNING, logger="agentrt"):
-        Trainer(validate_config(train_config(run_dir, tiny_model_dir))).run()
+        Trainer(validate_config(train_config(run_dir, tiny_model_dir), TrainConfig)).run()
     damaged = [r.getMessage() for r in caplog.records if " is damaged (" in r.getMessage()]
     assert len(damaged) == 1, damaged
     assert str(ckpts / f"step_{STEPS}") in damaged[0] and REASONS[how] in damaged[0]
@@ -262,10 +263,10 @@ def test_a_rerun_with_another_seed_is_refused_unless_forced(train_run, tiny_mode
     # Folder, progress, threads and checkpoint settings may change between resumes.
     same = train_config(run_dir, tiny_model_dir, threads=2,
                         checkpoint={"every": 2, "keep": 3})
-    RunDir.open(run_dir, validate_config(same)).close()
+    RunDir.open(run_dir, validate_config(same, TrainConfig)).close()
 
     with caplog.at_level(logging.WARNING, logger="agentrt"):
-        Trainer(validate_config(cfg), start="force").run()
+        Trainer(validate_config(cfg, TrainConfig), start="force").run()
     forced = [r.getMessage() for r in caplog.records if "--resume force" in r.getMessage()]
     assert len(forced) == 1 and "seed: 0 there, 1 here" in forced[0]
     assert json.loads((run_dir / "run.json").read_text())["seed"] == 1  # now this run's
@@ -306,7 +307,7 @@ def test_a_folder_made_before_a_config_field_existed_resumes_at_its_default(
     held["config_sha256"] = "0" * 64
     (run_dir / "run.json").write_text(json.dumps(held))
     with caplog.at_level(logging.WARNING, logger="agentrt"):
-        RunDir.open(run_dir, validate_config(train_config(run_dir, tiny_model_dir))).close()
+        RunDir.open(run_dir, validate_config(train_config(run_dir, tiny_model_dir), TrainConfig)).close()
     assert any(f"before config field(s) {key} existed" in r.getMessage() for r in caplog.records)
     assert key in json.loads((run_dir / "run.json").read_text())["fields"]  # now recorded
 
@@ -315,7 +316,7 @@ def test_a_folder_made_before_a_config_field_existed_resumes_at_its_default(
     cfg["policy"].setdefault("optim", {})["max_grad_norm"] = 0.5
     with pytest.raises(RunFolderError, match=f"holds another run \\({key}: \"unset\" there, "
                                              "0.5 here\\)"):
-        RunDir.open(run_dir, validate_config(cfg))
+        RunDir.open(run_dir, validate_config(cfg, TrainConfig))
 
 
 def test_new_run_leaves_no_record_of_the_old_run(train_run, tiny_model_dir, tmp_path) -> None:
@@ -381,7 +382,7 @@ def test_new_run_in_a_tournament_folder_keeps_no_old_match_or_memory(
 
 def test_a_second_process_on_a_run_folder_refuses(train_run, tiny_model_dir, tmp_path) -> None:
     run_dir = copy_run(train_run, tmp_path / "run")
-    cfg = validate_config(train_config(run_dir, tiny_model_dir))
+    cfg = validate_config(train_config(run_dir, tiny_model_dir), TrainConfig)
     held = RunDir.open(run_dir, cfg)  # this process writes the folder
     try:
         path = write_yaml(tmp_path / "cfg.yaml", train_config(run_dir, tiny_model_dir))

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrt.config.sections import AlgorithmConfig, ModelConfig, PolicyConfig, RuntimeConfig, SamplingConfig
+from agentrt.algos.config import AlgorithmConfig
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.sections import ModelConfig, PolicyConfig, RuntimeConfig
 from agentrt.controller.loop import Controller
 from agentrt.runtime.pool import LocalPool
 from agentrt.controller.run_dir import RunDir

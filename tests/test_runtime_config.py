@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrt.config.sections import load_config, parse_overrides, validate_config
+from agentrt.config.load import load_config, parse_overrides, validate_config
 from agentrt.core.errors import ConfigError
+from agentrt.workloads.prompts.config import TrainConfig
 
 CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster"
 
@@ -27,18 +28,18 @@ CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster"
 ])
 def test_bad_runtime_values_are_one_message_naming_the_field(patch, expected):
     with pytest.raises(ConfigError) as exc:
-        validate_config(patch)
+        validate_config(patch, TrainConfig)
     assert expected in str(exc.value) and "\n" not in str(exc.value)
 
 
 def test_rollout_logprobs_where_the_numerics_match():
-    cfg = validate_config({"policy": {"algorithm": {"old_logprobs": "rollout"}}})
+    cfg = validate_config({"policy": {"algorithm": {"old_logprobs": "rollout"}}}, TrainConfig)
     assert cfg.policy.algorithm.old_logprobs == "rollout"
 
 
 def test_cluster_training_config_validates_and_addresses_override():
     cfg = load_config(CLUSTER / "grpo_cluster.yaml",
-                      ["runtime.address=10.0.0.1:6379", "policy.model.path=/tmp"])
+                      ["runtime.address=10.0.0.1:6379", "policy.model.path=/tmp"], TrainConfig)
     assert cfg.runtime.backend == "ray" and cfg.runtime.address == "10.0.0.1:6379"
     assert cfg.policy.resources.num_workers == 4 and cfg.policy.resources.gpus_per_worker == 1
     assert parse_overrides(["runtime.address=auto"]) == {"runtime": {"address": "auto"}}

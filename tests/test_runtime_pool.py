@@ -14,7 +14,9 @@ import threading
 import pytest
 import torch
 
-from agentrt.config.sections import AlgorithmConfig, ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.algos.config import AlgorithmConfig
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.sections import ModelConfig, PolicyConfig
 from agentrt.runtime.pool import LocalPool
 from agentrt.runtime.ray_pool import PolicyPool
 from agentrt.core.types import Trajectory, Turn

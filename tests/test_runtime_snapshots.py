@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrt.config.sections import ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.sections import ModelConfig, PolicyConfig
 from agentrt.runtime.pool import LocalPool
 from agentrt.core.types import Trajectory, Turn
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrt.config.sections import validate_config
+from agentrt.config.load import validate_config
 from agentrt.workloads.prompts.workload import Trainer
+from agentrt.workloads.prompts.config import TrainConfig
 
 STEPS = 4
 
@@ -103,8 +104,8 @@ def test_ray_run_matches_in_process_and_ctrl_c_leaves_a_resumable_checkpoint(
     done = max(int(p.name.split("_")[1]) for p in (ray_dir / "checkpoints").glob("step_*"))
     # Ctrl-C must have landed mid-run: at least one checkpoint, and not the finished run.
     assert 1 <= done < STEPS
-    Trainer(validate_config(config(ray_dir, tiny_model_dir))).run()
-    Trainer(validate_config(config(local_dir, tiny_model_dir))).run()
+    Trainer(validate_config(config(ray_dir, tiny_model_dir), TrainConfig)).run()
+    Trainer(validate_config(config(local_dir, tiny_model_dir), TrainConfig)).run()
     a, b = rows(ray_dir), rows(local_dir)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(STEPS + 1))
     assert any("runtime/worker_restarts" in r for r in a[1:done + 1])  # came from the Ray pool

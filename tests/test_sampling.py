@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrt.config.sections import SamplingConfig
+from agentrt.config.rollout import SamplingConfig
 from agentrt.policies import load_model
 from agentrt.runtime.rollout.hf import HFRollout
 

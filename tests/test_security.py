@@ -92,7 +92,7 @@ def test_redis_password_never_reaches_a_file_of_the_run_folder(tmp_path):
 
 
 def test_password_from_the_environment_connects_and_is_never_saved(monkeypatch):
-    from agentrt.config.sections import dump_config
+    from agentrt.config.load import dump_config
     from agentrt.memory import open_bank
     from agentrt.memory.errors import MemoryBankError
     from agentrt.tournaments.run_config import TournamentRunConfig

@@ -25,7 +25,8 @@ import pytest
 import torch
 
 from agentrt.cli import main
-from agentrt.config.sections import LoraConfig, ModelConfig, PolicyConfig, SamplingConfig
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.sections import LoraConfig, ModelConfig, PolicyConfig
 from agentrt.runtime.learner import HybridEngine
 from agentrt.policies import build_model
 from agentrt.serving.protocol import chat_prompt_ids, encode_text

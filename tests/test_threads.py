@@ -13,10 +13,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from agentrt.config.sections import validate_config
+from agentrt.config.load import validate_config
 from agentrt.runtime.threads import (ThreadTuner, apply_threads, candidates, forward_probe, runnable_now,
                              set_threads, spare_cpus, spare_from, usable_cpus)
 from agentrt.workloads.prompts.workload import Trainer
+from agentrt.workloads.prompts.config import TrainConfig
 from test_trainer import rows, small_config  # also registers the test rewards
 
 
@@ -199,7 +200,7 @@ def test_thread_count_does_not_change_a_training_step(restore_threads, tiny_mode
 def test_a_run_without_threads_is_tuned_and_one_with_threads_is_pinned(restore_threads, tmp_path,
                                                                        tiny_model_dir):
     auto = Trainer(validate_config(small_config(tmp_path / "auto", tiny_model_dir,
-                                                **{"train.steps": 2})))
+                                                **{"train.steps": 2}), TrainConfig))
     auto.run()
     # 2 threads are timed only where spare_cpus leaves a CPU for them (test_spare_cpus_...)
     assert auto.controller.tuner is not None and set(auto.controller.tuner.last) in ({1}, {1, 2})
@@ -209,7 +210,7 @@ def test_a_run_without_threads_is_tuned_and_one_with_threads_is_pinned(restore_t
     assert set(used) <= {1.0, 2.0} and used == sorted(used, reverse=True)
 
     pinned = Trainer(validate_config(small_config(tmp_path / "pinned", tiny_model_dir,
-                                                  **{"train.steps": 2, "threads": 1})))
+                                                  **{"train.steps": 2, "threads": 1}), TrainConfig))
     pinned.run()
     assert pinned.controller.tuner is None
     assert [r["perf/threads"] for r in rows(tmp_path / "pinned")[1:]] == [1.0, 1.0]

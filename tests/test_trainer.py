@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrt.config.sections import validate_config
+from agentrt.config.load import validate_config
 from agentrt.core.errors import ConfigError
 from agentrt.rewards import reward
 from agentrt.workloads.prompts.workload import Trainer
+from agentrt.workloads.prompts.config import TrainConfig
 
 AGENTRT = [sys.executable, "-m", "agentrt.cli"]
 
@@ -60,7 +61,7 @@ def test_reward_goes_up(tmp_path, tiny_model_dir, algorithm):
     # (0.064 -> 0.126, the same at 8857db1); at 3e-3: grpo 0.075 -> 0.516, rloo 0.075 -> 0.506,
     # reinforce++ 0.069 -> 0.462.
     extra = {"policy.algorithm": {"name": algorithm, "critic_lr": 1e-3}, "policy.optim.lr": 3e-3}
-    cfg = validate_config(small_config(tmp_path, tiny_model_dir, **extra))
+    cfg = validate_config(small_config(tmp_path, tiny_model_dir, **extra), TrainConfig)
     Trainer(cfg).run()
     r = [row["reward/mean"] for row in rows(tmp_path) if "reward/mean" in row]
     assert len(r) == 12
@@ -75,7 +76,7 @@ def test_resume_gives_the_same_next_steps(tmp_path, tiny_model_dir):
         return validate_config(small_config(d, tiny_model_dir, **{
             "train.steps": 5, "checkpoint.every": 2, "sft.steps": 3, "sft.batch_size": 8,
             "policy.algorithm": {"name": "grpo", "kl": {"coef": 0.01}},
-            "policy.optim.schedule": "cosine"}))
+            "policy.optim.schedule": "cosine"}), TrainConfig)
 
     Trainer(cfg(tmp_path / "a")).run()
     Trainer(cfg(tmp_path / "b")).run(stop_after=3)  # as if killed after step 3 (ckpt at 2)
@@ -90,7 +91,7 @@ def test_resume_gives_the_same_next_steps(tmp_path, tiny_model_dir):
 
 def test_reward_exceptions_are_counted_and_the_run_goes_on(tmp_path, tiny_model_dir):
     cfg = validate_config(small_config(tmp_path, tiny_model_dir, reward="test_flaky",
-                                       **{"train.steps": 2}))
+                                       **{"train.steps": 2}), TrainConfig)
     Trainer(cfg).run()
     errors = [r["reward/errors"] for r in rows(tmp_path) if "reward/errors" in r]
     assert len(errors) == 2 and all(0 < e < 32 for e in errors)
@@ -111,7 +112,7 @@ def test_invalid_config_is_one_message_naming_the_field(tmp_path, patch, expecte
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(cfg))
     with pytest.raises(ConfigError, match="invalid config"):
-        validate_config(cfg)
+        validate_config(cfg, TrainConfig)
     proc = subprocess.run(AGENTRT + ["train", str(path)], capture_output=True, text=True)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -185,12 +186,12 @@ def test_the_demonstration_cache_starts_over_when_full(tiny_model_dir, monkeypat
     from agentrt.workloads.prompts import workload
     from agentrt.envs.tasks import Example
 
-    monkeypatch.setattr(trainer, "DEMO_CACHE_TEXTS", 4)
+    monkeypatch.setattr(workload, "DEMO_CACHE_TEXTS", 4)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     cache: dict[str, list[int]] = {}
-    trainer.demonstrations(tok, [Example("1+1=", "2"), Example("2+2=", "4")], cache)
+    workload.demonstrations(tok, [Example("1+1=", "2"), Example("2+2=", "4")], cache)
     assert len(cache) == 4
-    (traj,) = trainer.demonstrations(tok, [Example("3+3=", "6")], cache)
+    (traj,) = workload.demonstrations(tok, [Example("3+3=", "6")], cache)
     assert set(cache) == {"3+3=", "6"}  # the batch's texts only, a stream never grows it past 4
     assert traj.turns[0].response_ids == tok.encode("6", add_special_tokens=False) + [
         tok.eos_token_id]

@@ -10,7 +10,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 from pydantic import Field, ValidationError, field_validator
 
-from agentrt.config.sections import format_validation_error
+from agentrt.core.schema import format_validation_error
 from agentrt.core.errors import ConfigError
 from agentrt.core.registry import Registry
 from agentrt.core.schema import ConfigModel

@@ -23,17 +23,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
-
-from agentrt.config.sections import (CheckpointConfig, ExportConfig, GuardsConfig, PolicyConfig,
-                            RuntimeConfig, Section)
-from agentrt.controller.drift import DriftConfig
-from agentrt.core.errors import ConfigError
-from agentrt.core.registry import import_callable
 from agentrt.memory.policy import MemoryBanksConfig, check_policy_memory
-from agentrt.runner.core import RunnerConfig
 from agentrt.tournaments.config import ScheduleConfig, build_scheduler
 from agentrt.tournaments.types import Entrant, TournamentError
+from pydantic import Field, field_validator, model_validator
+
+from agentrt.config.run import LoopConfig, RunConfig
+from agentrt.config.sections import PolicyConfig, Section
+from agentrt.core.errors import ConfigError
+from agentrt.core.registry import import_callable
+from agentrt.runner.core import RunnerConfig
 
 _KIND_HELP = ("Scripted policy: a name in agentrt.policies.scripted.SCRIPTED (random, minimax, "
               "connect4, kuhn, bargain, ...) or 'package.module:Class'.")
@@ -71,6 +70,7 @@ def _play_one_game(env: EnvEntry, agents: tuple[str, ...], kind: str, seed: int,
     """Plays one game of ``env`` with the scripted ``kind`` in every seat its ``roles`` allow
     (random in the others); returns the error it raised, or None."""
     from agentrt.policies.scripted import RandomPolicy, scripted_factory
+
     from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunnerConfig
 
     players = tuple("it" if roles is None or a in roles else "random" for a in agents)
@@ -150,7 +150,7 @@ class WarmStartConfig(Section):
     _teacher = field_validator("teacher")(_scripted_kind)
 
 
-class LeagueLoopConfig(Section):
+class LeagueLoopConfig(LoopConfig):
     steps: int = Field(100, ge=0, description="Training steps (one batch of matches each).")
     games_per_step: int = Field(128, gt=0, description="Matches scheduled per step.")
 
@@ -164,14 +164,15 @@ class LeagueEvalConfig(Section):
     greedy: bool = Field(False, description="Greedy decoding in evaluation games.")
 
 
-class TournamentRunConfig(Section):
+class TournamentRunConfig(RunConfig):
     """Config of ``agentrt tournament run``."""
 
-    seed: int = Field(0, description="Global seed (torch, numpy, python, scheduler).")
+    UNSUPPORTED = {
+        "control.enabled": "online control is not wired for tournament runs yet",
+        "train.async_rollout.enabled": "the asynchronous rollout is not wired for tournament runs yet",
+    }
+
     run_dir: str = Field("runs/tournament", description="Output folder of this run.")
-    threads: int | None = Field(None, gt=0, description="torch threads (default: tuned, see "
-                                "agentrt.runtime.threads).")
-    progress: bool = Field(True, description="Live progress on the terminal.")
     envs: tuple[EnvEntry, ...] = Field(..., min_length=1, description="Games played.")
     policies: tuple[LeaguePolicyConfig, ...] = Field(
         ..., min_length=1, description="LM policies (trainable ones learn).")
@@ -181,15 +182,8 @@ class TournamentRunConfig(Section):
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
     train: LeagueLoopConfig = Field(default_factory=LeagueLoopConfig)
     eval: LeagueEvalConfig = Field(default_factory=LeagueEvalConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     memory: MemoryBanksConfig = Field(
         default_factory=MemoryBanksConfig, description="Banks policies name in memory.bank.")
-    runtime: RuntimeConfig = Field(
-        default_factory=RuntimeConfig, description="In-process pools or Ray actors (each "
-        "policy's resources: section sizes its pool).")
-    guards: GuardsConfig = Field(default_factory=GuardsConfig)
-    drift: DriftConfig = Field(default_factory=DriftConfig)
-    export: ExportConfig = Field(default_factory=ExportConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -20,23 +20,25 @@ import logging
 from dataclasses import asdict
 from typing import Any
 
-from agentrt.config.sections import SFTConfig, dump_config
-from agentrt.controller.loop import Controller, greedy, set_threads
-from agentrt.controller.identity import read_identity
 from agentrt.memory.policy import wire_memories
 from agentrt.policies.base import Action, ActRequest
 from agentrt.policies.lm import LMPolicy, PromptTemplate
 from agentrt.policies.scripted import load_scripted_state, scripted_factory, scripted_state
-from agentrt.controller.progress import StepProgress
-from agentrt.controller.run_dir import RunDir, seed_everything
-from agentrt.runner.core import EpisodeRecord, EpisodeRunner, EpisodeSpec, RunResult
-from agentrt.controller.objectives import outcome_pairs, training_trajectories
-from agentrt.runtime.preference import PreferenceExample
 from agentrt.tournaments.report import build_leaderboard, format_leaderboard
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.session import Tournament
 from agentrt.tournaments.types import Match, MatchResult
+
+from agentrt.config.sections import SFTConfig
+from agentrt.controller.identity import read_identity
+from agentrt.controller.launch import Run
+from agentrt.controller.loop import Controller, greedy
+from agentrt.controller.objectives import outcome_pairs, training_trajectories
+from agentrt.controller.progress import StepProgress
+from agentrt.controller.workload import Workload
 from agentrt.core.types import Turn
+from agentrt.runner.core import EpisodeRecord, EpisodeRunner, EpisodeSpec, RunResult
+from agentrt.runtime.preference import PreferenceExample
 
 log = logging.getLogger(__name__)
 
@@ -80,17 +82,14 @@ def to_result(match: Match, record: EpisodeRecord) -> MatchResult:
                        info={"ended_by": record.ended_by, "env_seed": record.seed})
 
 
-class LeagueWorkload:
+class LeagueWorkload(Workload):
     """Matches of a tournament for the controller loop (see the module docstring)."""
 
     label = "league"
     outputs = ("matches.sqlite*", "report.html", "final_models", "memory")  # + RunDir.outputs
 
     def __init__(self, cfg: TournamentRunConfig) -> None:
-        self.cfg = cfg
-        self.steps, self.progress = cfg.train.steps, cfg.progress
-        self.eval_every, self.checkpoint_every = cfg.eval.every, cfg.checkpoint.every
-        self.checkpoint_keep = cfg.checkpoint.keep
+        super().__init__(cfg)
         self.runner = cfg.runner.model_copy(update={"random_seats": False})
         self.learners = [p.id for p in cfg.policies if p.trainable]
         self.templates = {e.id: PromptTemplate(e.template.first, e.template.turn,
@@ -102,9 +101,6 @@ class LeagueWorkload:
         self.policy_cfgs = {p.id: p for p in cfg.policies}
         self.heldout: dict[str, list[PreferenceExample]] = {}  # preference learners' eval pairs
         self.matches: list[Match] = []
-
-    def config_text(self) -> str:
-        return dump_config(self.cfg)
 
     def start(self, ctl: Controller) -> None:
         cfg = self.cfg
@@ -171,9 +167,6 @@ class LeagueWorkload:
         if key not in self.frozen:
             self.frozen[key] = LMPolicy(self.ctl.handle(key), self.templates, trainable=False)
         return self.frozen[key]
-
-    def seat_router(self) -> None:
-        return None  # every seat names its policy
 
     def on_episode_end(self) -> Any:
         return self.memory.on_episode_end if self.memory.policies else None
@@ -337,26 +330,12 @@ class LeagueWorkload:
                 ctl.save_pretrained(pid, ctl.run_dir.path / "final_models" / pid)
 
 
-class LeagueTrainer:
-    """Runs ``agentrt tournament run``: the controller loop over a :class:`LeagueWorkload`
-    (``start``: as :class:`agentrt.workloads.prompts.workload.Trainer`'s)."""
+class LeagueTrainer(Run):
+    """``agentrt tournament run`` from Python: :class:`~agentrt.controller.launch.Run` over a
+    :class:`LeagueWorkload` (``start``: as :class:`~agentrt.controller.launch.Run`'s)."""
 
     def __init__(self, cfg: TournamentRunConfig, start: str = "auto") -> None:
-        self.cfg = cfg
-        set_threads(cfg.threads)
-        self.run_dir = RunDir.open(cfg.run_dir, cfg, start,
-                                   LeagueWorkload.outputs)
-        seed_everything(cfg.seed)
-        self.workload = LeagueWorkload(cfg)
-        self.controller = Controller(list(cfg.policies), cfg.runtime, self.run_dir,
-                                     seed=cfg.seed, total_steps=cfg.train.steps,
-                                     guards=cfg.guards, export=cfg.export, drift=cfg.drift)
-
-    def run(self, stop_after: int | None = None) -> dict[str, float]:
-        try:
-            return self.controller.run(self.workload, stop_after)
-        finally:
-            self.controller.shutdown()
+        super().__init__(cfg, LeagueWorkload, start)
 
     @property
     def leaderboard_text(self) -> str:

@@ -31,7 +31,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from agentrt.config.sections import AsyncRolloutConfig, PolicyConfig, SamplingConfig
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.run import AsyncRolloutConfig
+from agentrt.config.sections import PolicyConfig
 from agentrt.runtime.learner import Completion
 from agentrt.core.errors import ConfigError
 from agentrt.runtime.pool import LocalPool, RolloutCopy

@@ -11,7 +11,8 @@
   time of writing a step's rows); a list that is not all numbers, and rows of logs written
   before, hold JSON text; :meth:`Episode.from_row` reads both;
 - ``reward``, ``info`` (the example's info the reward saw, e.g. its answer), ``sampling`` (the
-  sampling settings), ``finished`` (stopped on eos), ``group_id``.
+  sampling settings), ``finished`` (stopped on eos), ``group_id`` (the trajectory's group key
+  as ``str``; ``GroupKey.parse`` reads it back).
 
 Writes: :meth:`EpisodeLog.append_step` writes a step's rows in one SQLite transaction and drops
 the rows of that step and of every later one first. Steps run in order, so the first step a
@@ -244,5 +245,5 @@ def step_episodes(played: Any, step: int, sampling: dict[str, Any], tokenizer: A
             response=str(turn.info.get("action", "")), prompt_ids=list(turn.prompt_ids),
             response_ids=list(turn.response_ids), logprobs=[float(x) for x in turn.logprobs],
             reward=float(traj.reward), info=info, sampling=sampling,  # one dict, read-only
-            finished=bool(turn.finished), group_id=traj.group_id))
+            finished=bool(turn.finished), group_id=str(traj.group_id)))
     return sorted(out, key=lambda e: e.idx)

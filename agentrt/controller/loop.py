@@ -25,31 +25,46 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 import yaml
 
-from agentrt.runtime.allocator import freeze_setup_objects, keep_freed_memory, release_setup_objects
+from agentrt.config.drift import DriftConfig
+from agentrt.config.export import ExportConfig
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.run import AsyncRolloutConfig
+from agentrt.config.sections import GuardsConfig, PolicyConfig, RuntimeConfig
 from agentrt.controller.async_rollout import AsyncRollout
-from agentrt.config.sections import (AsyncRolloutConfig, ExportConfig, GuardsConfig, PolicyConfig,
-                            RuntimeConfig, SamplingConfig)
-from agentrt.controller.drift import DriftConfig, DriftMonitor, DriftPaused, weights_sha256
-from agentrt.runtime.learner import Completion
+from agentrt.controller.drift import DriftMonitor, DriftPaused, weights_sha256
 from agentrt.controller.exporters import Exporters, code_version
 from agentrt.controller.guards import RunGuard
+from agentrt.controller.identity import RunFolderError
 from agentrt.controller.objectives import learn
 from agentrt.controller.plot import plot_metrics
+from agentrt.controller.progress import StepProgress
+from agentrt.controller.run_dir import (
+    RunDir,
+    Timer,
+    load_checkpoint,
+    rng_state,
+    set_rng_state,
+    truncate_jsonl,
+)
+from agentrt.controller.versions import VersionBook
+from agentrt.controller.workload import Workload
+from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunResult
+from agentrt.runtime.allocator import freeze_setup_objects, keep_freed_memory, release_setup_objects
+from agentrt.runtime.learner import Completion
 from agentrt.runtime.pool import BasePool, LocalPool
 from agentrt.runtime.ray_pool import PolicyPool
-from agentrt.controller.progress import StepProgress
-from agentrt.controller.identity import RunFolderError
-from agentrt.controller.run_dir import RunDir, Timer, load_checkpoint, rng_state, set_rng_state, truncate_jsonl
-from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunnerConfig, RunResult
-from agentrt.runtime.threads import (ThreadTuner, apply_threads, forward_probe, spare_cpus,
-                             threads_auto)
-from agentrt.runtime.threads import set_threads  # noqa: F401 - the commands set threads from here
-from agentrt.controller.versions import VersionBook
+from agentrt.runtime.threads import (
+    ThreadTuner,
+    apply_threads,
+    forward_probe,
+    spare_cpus,
+    threads_auto,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,34 +111,6 @@ class PolicyHandle:
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None
                  ) -> list[Completion]:
         return self.pool.generate(prompts, sampling, adapter=self.policy_id)
-
-
-class Workload(Protocol):
-    """What a command plugs into the controller (see the module docstring)."""
-
-    steps: int
-    eval_every: int
-    checkpoint_every: int
-    checkpoint_keep: int
-    progress: bool
-    label: str
-    runner: RunnerConfig
-
-    def config_text(self) -> str: ...
-    def start(self, ctl: Controller) -> None: ...
-    def warm_start(self, ctl: Controller) -> dict[str, float]: ...
-    def next_episodes(self, step: int) -> list[EpisodeSpec]: ...
-    def players(self, specs: list[EpisodeSpec]) -> dict[str, Any]: ...
-    def on_episode_end(self) -> Callable[[Any], None] | None: ...
-    def seat_router(self) -> Callable[[Any, str], str] | None: ...
-    def record(self, played: RunResult, step: int) -> dict[str, float]: ...
-    def training_data(self, played: RunResult, step: int) -> dict[str, Any]: ...
-    def after_step(self, ctl: Controller, step: int) -> dict[str, float]: ...
-    def evaluate(self, ctl: Controller) -> dict[str, float]: ...
-    def done(self) -> bool: ...
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-    def finish(self, ctl: Controller) -> None: ...
 
 
 class Controller:

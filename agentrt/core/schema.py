@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 _NUMBERS = (int, float)
 
@@ -77,3 +77,20 @@ def _item_types(annotation: Any) -> frozenset[type]:
     args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
     kinds = {_scalar_types(a) for a in args}
     return next(iter(kinds)) if len(kinds) == 1 else frozenset()
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """One line per problem: 'policy.optim.lr: Input should be greater than 0 (got -1)'.
+
+    ``prefix`` goes before each location (a list item validated on its own: 'reward.0.')."""
+    lines = []
+    for e in err.errors():
+        loc = prefix + ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) or e["type"] == "missing" else f" (got {got!r})"
+        if loc and msg.startswith(f"{loc}."):  # the message names a place inside the field
+            loc, shown = "", ""
+        # A check across fields (no location) names its fields in its own message.
+        lines.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")
+    return "; ".join(lines)

@@ -196,7 +196,7 @@ def _source(i: int, item: Any) -> RewardSource:
     try:
         return REWARD_SOURCES.get(found[0]).model_validate(item)
     except ValidationError as exc:
-        from agentrt.config.sections import format_validation_error
+        from agentrt.core.schema import format_validation_error
 
         raise ValueError(format_validation_error(exc, prefix=f"reward.{i}.")) from None
 

@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from agentrt.runtime import attention
-from agentrt.config.sections import PolicyConfig, SamplingConfig
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.sections import PolicyConfig
 from agentrt.policies.models import build_model, load_model
 from agentrt.runtime.rollout.hf import Completion, HFRollout
 from agentrt.runtime.rollout.static import grouped_unsupported

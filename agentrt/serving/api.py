@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agentrt.serving.canary_stats import Arm, Decision
-from agentrt.config.sections import format_validation_error
+from agentrt.core.schema import format_validation_error
 from agentrt.core.errors import AgentrtError
 from agentrt.rewards import RewardFn, resolve_reward, score
 from agentrt.serving.batcher import Batcher, Job

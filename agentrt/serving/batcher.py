@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from agentrt.config.sections import SamplingConfig
+from agentrt.config.rollout import SamplingConfig
 from agentrt.runtime.rollout.hf import Completion
 from agentrt.serving.host import ModelHost, Version
 from agentrt.runtime.threads import apply_threads

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from agentrt.config.sections import SamplingConfig, VLLMConfig
+from agentrt.config.rollout import SamplingConfig, VLLMConfig
 from agentrt.core.errors import AgentrtError
 from agentrt.runtime.rollout.hf import Completion, HFRollout
 from agentrt.serving.sources import ADAPTER_CONFIG, Source, source_of

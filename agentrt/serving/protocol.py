@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from agentrt.config.sections import SamplingConfig
+from agentrt.config.rollout import SamplingConfig
 
 UNSUPPORTED = ("logprobs", "echo", "best_of", "suffix", "tools", "functions", "logit_bias")
 

@@ -42,7 +42,7 @@ def canary_defaults(**options: Any) -> dict[str, Any]:
     from pydantic import ValidationError
 
     from agentrt.serving.canary_stats import CanaryTest
-    from agentrt.config.sections import format_validation_error
+    from agentrt.core.schema import format_validation_error
 
     given = {k: v for k, v in options.items() if v is not None}
     try:

@@ -20,19 +20,31 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, Field, create_model
 
-from agentrt.config.sections import Section, read_config, validate_config
+from agentrt.config.load import read_config, validate_config
+from agentrt.config.sections import Section
 from agentrt.core.errors import ConfigError
 from agentrt.core.plugins import config_imports, load_plugins
 from agentrt.core.registry import import_callable
 
-# kind -> (config model as "module:class", sections only that kind has)
-KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "train": ("agentrt.config.sections:TrainConfig", ("task", "reward", "policy", "data")),
+# kind -> (config model as "module:class", sections only that kind has, workload as "module:class")
+KINDS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "train": ("agentrt.workloads.prompts.config:TrainConfig", ("task", "reward", "policy", "data"),
+              "agentrt.workloads.prompts.workload:PromptWorkload"),
     "tournament": ("agentrt.tournaments.run_config:TournamentRunConfig",
-                   ("envs", "baselines", "schedule", "warm_start", "runner", "memory")),
+                   ("envs", "baselines", "schedule", "warm_start", "runner", "memory"),
+                   "agentrt.tournaments.trainer:LeagueWorkload"),
     "decompose": ("agentrt.decomposer.config:DecomposeConfig",
-                  ("family", "planner", "tools", "router", "chain")),
+                  ("family", "planner", "tools", "router", "chain"),
+                  "agentrt.decomposer.workload:DecomposeWorkload"),
 }
+
+
+def launch(kind: str, cfg: Any, start: str = "auto") -> Any:
+    """The one launch of every run command: a :class:`~agentrt.controller.launch.Run` of the
+    kind's workload over ``cfg`` (imports torch; call after the config is checked)."""
+    from agentrt.controller.launch import Run
+
+    return Run(cfg, import_callable(KINDS[kind][2], "kind"), start)
 
 
 @functools.cache
@@ -57,7 +69,7 @@ def detect_kind(data: dict[str, Any], path: str | Path = "config",
     Raises:
         ConfigError: sections of two kinds at once (pass ``--kind``).
     """
-    found = {kind: [s for s in sections if s in data] for kind, (_, sections) in KINDS.items()}
+    found = {kind: [s for s in sections if s in data] for kind, (_, sections, _) in KINDS.items()}
     kinds = [k for k, sections in found.items() if sections]
     if len(kinds) > 1:
         shown = "; ".join(f"{k} ({', '.join(found[k])})" for k in kinds)

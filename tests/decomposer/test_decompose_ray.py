@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrt.config.sections import validate_config
+from agentrt.config.load import validate_config
 from agentrt.decomposer.config import DecomposeConfig
 from agentrt.decomposer.workload import Decomposer
 from agentrt.controller.run_dir import RunDir

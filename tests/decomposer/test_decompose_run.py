@@ -34,7 +34,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from agentrt.config.sections import load_config, validate_config
+from agentrt.config.load import load_config, validate_config
 from agentrt.decomposer.config import DecomposeConfig
 from agentrt.decomposer.workload import Decomposer, DecomposeWorkload, chain_metrics, chain_of
 from agentrt.controller.run_dir import RunDir, load_checkpoint

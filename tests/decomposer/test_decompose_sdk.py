@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrt.config.sections import validate_config
+from agentrt.config.load import validate_config
 from agentrt.decomposer.config import DecomposeConfig
 from agentrt.decomposer.workload import Decomposer
 from agentrt.envs import make_multi
@@ -101,9 +101,11 @@ def test_credit_and_baseline_groups(tmp_path):
     for pid, trajs in data.items():
         assert len(trajs) == sum(s["type"] in skills[pid] for c in chains.values()
                                  for s in c["steps"])  # on_failure: continue -> every step
+        kinds = {t.info["final_info"]["subtask"] for t in trajs}
+        assert len({t.group_id for t in trajs}) == len(kinds)  # one group per subtask type
         for t in trajs:
             kind = t.info["final_info"]["subtask"]
-            assert t.group_id == f"{kind}|{pid}"
+            assert (t.group_id.role, t.group_id.policy, t.group_id.task) == (kind, pid, None)
             chain = chains[t.episode_id]
             step = next(s for s in chain["steps"] if s["agent"] == t.role)
             assert t.reward == pytest.approx(step["reward"] + 0.25 * chain["success"])

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentrt.config.sections import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig
+from agentrt.config.rollout import RolloutConfig, SamplingConfig
+from agentrt.config.sections import ModelConfig, PolicyConfig
 from agentrt.runtime.learner import HybridEngine
 from agentrt.policies import LMPolicy, PromptTemplate, RandomPolicy, bank_memory
 from agentrt.runner import EpisodeRunner, RunnerConfig, specs

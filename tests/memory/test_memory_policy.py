@@ -26,7 +26,8 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from agentrt.config.sections import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig, SFTConfig
+from agentrt.config.rollout import RolloutConfig, SamplingConfig
+from agentrt.config.sections import ModelConfig, PolicyConfig, SFTConfig
 from agentrt.runtime.learner import HybridEngine
 from agentrt.runtime.optim import make_scheduler
 from agentrt.core.errors import ConfigError
@@ -264,7 +265,8 @@ def test_writer_stores_outcomes_and_each_fact_once() -> None:
 
 
 def test_memory_config_in_policy_and_run_configs() -> None:
-    from agentrt.config.sections import TrainConfig, validate_config
+    from agentrt.config.load import validate_config
+    from agentrt.workloads.prompts.config import TrainConfig
     from agentrt.tournaments.run_config import TournamentRunConfig
 
     pol = PolicyConfig(id="lm", memory={"bank": "notes", "k": 2, "write": ["facts", "outcome"]})

@@ -35,7 +35,9 @@ import pytest
 import torch
 import yaml
 
-from agentrt.config.sections import RuntimeConfig, SamplingConfig, validate_config
+from agentrt.config.load import validate_config
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.sections import RuntimeConfig
 from agentrt.controller.run_dir import RunDir, load_checkpoint
 
 STEPS = 6

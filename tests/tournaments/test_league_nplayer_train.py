@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentrt.config.sections import load_config
+from agentrt.config.load import load_config
 from agentrt.memory import open_bank
 from agentrt.controller.run_dir import RunDir, load_checkpoint
 from agentrt.tournaments import MatchStore, build_leaderboard

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrt.config.sections import load_config
+from agentrt.config.load import load_config
 from agentrt.controller.objectives import outcome_pairs
 from agentrt.controller.run_dir import RunDir, load_checkpoint
 from agentrt.tournaments import MatchStore

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrt.config.sections import load_config
+from agentrt.config.load import load_config
 from agentrt.controller.run_dir import RunDir, load_checkpoint
 from agentrt.tournaments import MatchStore
 from agentrt.tournaments.run_config import TournamentRunConfig

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from agentrt.config.sections import load_config
+from agentrt.config.load import load_config
 from agentrt.controller.run_dir import RunDir, load_checkpoint
 from agentrt.tournaments.records import MatchStore
 from agentrt.tournaments.run_config import TournamentRunConfig

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrt.config.sections import load_config, validate_config
+from agentrt.config.load import load_config, validate_config
 from agentrt.tournaments import MatchStore, build_leaderboard
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.trainer import LeagueTrainer

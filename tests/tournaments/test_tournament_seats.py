@@ -285,7 +285,7 @@ def _run_config(**changes) -> dict:
 
 
 def test_run_config_roles_validate_and_reach_the_entrants() -> None:
-    from agentrt.config.sections import validate_config
+    from agentrt.config.load import validate_config
     from agentrt.tournaments.run_config import TournamentRunConfig
 
     cfg = validate_config(_run_config(), TournamentRunConfig)

@@ -1,4 +1,4 @@
-"""Online control of a running ``agentrt train`` run, without a restart (docs/control.md).
+"""Online control of a running run, without a restart (docs/control.md).
 
 Configured by ``control:`` in a train config (:class:`ControlConfig`, off by default). Commands
 come in through a small HTTP endpoint (bearer token; 127.0.0.1 by default) and, optionally, a
@@ -26,18 +26,9 @@ Every applied change is a metric of that step's row of metrics.jsonl (``control/
 live values and queued prompts are part of the checkpoint, so a resume keeps them; the run's
 identity (run.json) is the config it started with, so the resume is not refused.
 
-Modules: :mod:`~agentrt.controller.control.config` (the ``control:`` settings, :data:`LIVE`),
+Modules: :mod:`agentrt.config.control` (the ``control:`` settings), :mod:`~agentrt.controller.control.config` (:data:`LIVE`, the error),
 :mod:`~agentrt.controller.control.run` (:class:`RunControl`: the queue, checks and application),
 :mod:`~agentrt.controller.control.endpoint` (HTTP), :mod:`~agentrt.controller.control.stream` (Redis),
 :mod:`~agentrt.controller.control.feedback` (the groups late rewards train again); the client is
 :mod:`agentrt.controller.control.client`.
 """
-
-from agentrt.controller.control.config import (ENDPOINT, LIVE, ControlConfig, ControlError,
-                                    ControlHttpConfig, ControlRedisConfig, FeedbackConfig)
-from agentrt.controller.control.endpoint import MAX_BODY
-from agentrt.controller.control.feedback import feedback_groups
-from agentrt.controller.control.run import RunControl
-
-__all__ = ["ENDPOINT", "LIVE", "MAX_BODY", "ControlConfig", "ControlError", "ControlHttpConfig",
-           "ControlRedisConfig", "FeedbackConfig", "RunControl", "feedback_groups"]

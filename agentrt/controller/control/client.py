@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agentrt.controller.control import ENDPOINT, ControlError
+from agentrt.controller.control.config import ControlError, ENDPOINT
 
 
 def endpoint(run_dir: Path) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -13,11 +14,11 @@ def feedback_groups(run_dir: Path, pending: dict[str, float], step: int, max_sta
                     max_groups: int) -> tuple[list[Any], dict[str, float], dict[str, float]]:
     """The trajectories a step trains on for the late rewards ``pending`` (episode id ->
     value): each episode's prompt group from the episode log, its rewards replaced where
-    feedback came, as one group ``feedback|s<step>|<group>``; the ``control/feedback/``
-    metrics; and the feedback deferred to the next step (the groups past the ``max_groups``
-    oldest). Episodes more than ``max_staleness`` steps older than ``step`` are dropped."""
+    feedback came, as one group (the logged group key with ``replay_step``: its string is
+    ``feedback|s<step>|<group>``); the ``control/feedback/`` metrics; and the feedback
+    deferred to the next step (the groups past the ``max_groups`` oldest). Episodes more than ``max_staleness`` steps older than ``step`` are dropped."""
     from agentrt.controller.episodes import EpisodeLog
-    from agentrt.core.types import Trajectory, Turn
+    from agentrt.core.types import GroupKey, Trajectory, Turn
 
     episodes = EpisodeLog(run_dir)
     groups: dict[tuple[int, str], dict[str, float]] = {}
@@ -36,13 +37,14 @@ def feedback_groups(run_dir: Path, pending: dict[str, float], step: int, max_sta
     groups = dict(ordered[:max_groups])
     trajs = []
     for (at, group), values in groups.items():
+        key = dataclasses.replace(GroupKey.parse(group), replay_step=at)
         for ep in episodes.rows(at):
             if ep.group_id != group:
                 continue
             turn = Turn(ep.prompt_ids, ep.response_ids, ep.logprobs,
                         reward=values.get(ep.id, ep.reward), policy_id=ep.policy_id,
                         policy_version=ep.policy_version, finished=ep.finished)
-            trajs.append(Trajectory([turn], group_id=f"feedback|s{at}|{group}", episode_id=ep.id,
+            trajs.append(Trajectory([turn], group_id=key, episode_id=ep.id,
                                     policy_id=ep.policy_id, info={"feedback": ep.id in values}))
     applied = sum(len(v) for v in groups.values())
     if applied:

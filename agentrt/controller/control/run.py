@@ -15,7 +15,8 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from agentrt.controller.control.config import ENDPOINT, LIVE, ControlConfig, ControlError
+from agentrt.config.control import ControlConfig
+from agentrt.controller.control.config import ControlError, ENDPOINT, LIVE
 from agentrt.controller.control.endpoint import handler, url_host, write_private
 from agentrt.controller.control.feedback import feedback_groups
 from agentrt.controller.control.stream import read_stream
@@ -137,7 +138,7 @@ class RunControl:
 
     def validated(self, live: dict[str, Any]) -> Any:
         """The train config with ``live`` values over the run's own (ControlError: refused)."""
-        from agentrt.config.sections import validate_config
+        from agentrt.config.load import validate_config
 
         data = json.loads(json.dumps(self.base))
         for key, value in live.items():

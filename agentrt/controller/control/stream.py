@@ -8,7 +8,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from agentrt.controller.control.config import ControlError, ControlRedisConfig
+from agentrt.config.control import ControlRedisConfig
+from agentrt.controller.control.config import ControlError
 from agentrt.memory.config import redact
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from agentrt.config.sections import SamplingConfig
+from agentrt.config.rollout import SamplingConfig
 from agentrt.runtime.rollout.static import StaticDecoder, unsupported_reason
 
 DECODE_MODES = ("auto", "hf", "static")

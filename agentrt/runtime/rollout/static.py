@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agentrt.config.sections import SamplingConfig
+from agentrt.config.rollout import SamplingConfig
 from agentrt.runtime.rollout import kernels
 from agentrt.runtime.rollout.compiled import CompiledStep, plain_plan, rotate_half
 from agentrt.runtime.rollout.plan import GroupedLinear, GroupedNorm, MixedRows, Projection, _Module

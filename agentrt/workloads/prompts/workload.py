@@ -15,19 +15,20 @@ from typing import Any
 
 import torch
 
-from agentrt.config.sections import TrainConfig, dump_config
-from agentrt.controller.loop import Controller, greedy, set_threads
-from agentrt.workloads.prompts.data import open_source
-from agentrt.workloads.prompts.data.sources import PromptSampler  # noqa: F401 - imported from here too
 from agentrt.controller.episodes import EPISODES, EpisodeLog, step_episodes
+from agentrt.controller.launch import Run
+from agentrt.controller.loop import Controller, greedy
+from agentrt.controller.workload import Workload
+from agentrt.core.types import Trajectory, Turn
+from agentrt.envs.tasks import Example, encode_texts, prompt_head
 from agentrt.policies.lm import LMPolicy, PromptTemplate
 from agentrt.rewards import build_executor, check_reward, exact_match, sources_of
 from agentrt.rewards.deferred import score_trajectories, trainable
-from agentrt.controller.run_dir import RunDir, seed_everything
-from agentrt.runtime.shared_model import resolve_device
 from agentrt.runner.core import EpisodeSpec, RunnerConfig, RunResult
-from agentrt.envs.tasks import Example, encode_texts, prompt_head
-from agentrt.core.types import Trajectory, Turn
+from agentrt.runtime.shared_model import resolve_device
+from agentrt.workloads.prompts.config import TrainConfig
+from agentrt.workloads.prompts.data import open_source
+from agentrt.workloads.prompts.data.sources import PromptSampler
 
 log = logging.getLogger(__name__)
 
@@ -80,22 +81,20 @@ def sft_warm_start(ctl: Controller, pid: str, examples: list[Example] | Any, sft
     return metrics
 
 
-class PromptWorkload:
+class PromptWorkload(Workload):
     """Prompts of a task (or rows of a preference data set) for one policy."""
 
     label = "train"
     outputs = ("final_model", f"{EPISODES}*")  # besides RunDir.outputs (and the log journal)
 
     def __init__(self, cfg: TrainConfig) -> None:
-        self.cfg = cfg
+        super().__init__(cfg)
         t = cfg.task
         check_reward(cfg.reward)  # a bad reward name, model folder or dead URL: before any work
         self.source = open_source(t, cfg.seed)  # a task's, a file's or a stream's examples
         self.pid = cfg.policy.id
         self.algo = cfg.policy.algorithm
-        self.steps, self.progress = cfg.train.steps, cfg.progress
-        self.eval_every, self.checkpoint_every = cfg.eval.every, cfg.checkpoint.every
-        self.checkpoint_keep = cfg.checkpoint.keep
+        self.preference_pairs = cfg.data.pairs
         self.runner = RunnerConfig(concurrency=cfg.train.prompts_per_step * cfg.train.group_size,
                                    random_seats=False, invalid_penalty=0.0, max_turns=1,
                                    seed=cfg.seed)
@@ -105,8 +104,9 @@ class PromptWorkload:
         self.rows: PromptSampler | None = None
         self.injected: list[Example] = []  # prompts pushed by agentrt.controller.control, drawn first
 
-    def config_text(self) -> str:
-        return dump_config(self.cfg)
+    @property
+    def policies(self) -> list[Any]:
+        return [self.cfg.policy]
 
     def specs(self, examples: list[Example], group: bool) -> list[EpisodeSpec]:
         """``Task-v0`` episodes of ``examples``: the spec carries each example to the env
@@ -191,12 +191,6 @@ class PromptWorkload:
     def players(self, specs: list[EpisodeSpec]) -> dict[str, Any]:
         return {self.pid: self.policy}
 
-    def seat_router(self) -> None:
-        return None  # every seat names its policy
-
-    def on_episode_end(self) -> None:
-        return None
-
     def record(self, played: RunResult, step: int) -> dict[str, float]:
         if not played.trajectories:
             return {}
@@ -216,9 +210,6 @@ class PromptWorkload:
 
     def after_step(self, ctl: Controller, step: int) -> dict[str, float]:
         return self.source.metrics()  # data/skipped_rows, ... of a file source
-
-    def done(self) -> bool:
-        return False
 
     def checkpointed(self, step: int) -> None:
         """The checkpoint of ``step`` is written: a stream source acknowledges what it read."""
@@ -290,43 +281,13 @@ def rollout_metrics(played: RunResult) -> dict[str, float]:
             "perf/tokens_per_s": float(lengths.sum()) / max(seconds, 1e-9)}
 
 
-class Trainer:
-    """Runs ``agentrt train``: the controller loop over a :class:`PromptWorkload`.
-
-    ``start``: "auto" resumes only this config's run, "force" resumes the folder's run with this
-    config, "new" starts over (:meth:`agentrt.controller.run_dir.RunDir.open`)."""
+class Trainer(Run):
+    """``agentrt train`` from Python: :class:`~agentrt.controller.launch.Run` over a
+    :class:`PromptWorkload` (``start``: as :class:`~agentrt.controller.launch.Run`'s)."""
 
     def __init__(self, cfg: TrainConfig, start: str = "auto") -> None:
-        self.cfg = cfg
-        set_threads(cfg.threads)
-        self.workload = PromptWorkload(cfg)  # a bad data file fails before the run folder
-        self.run_dir = RunDir.open(cfg.run_dir, cfg, start,
-                                   PromptWorkload.outputs)
-        seed_everything(cfg.seed)
-        self.controller = Controller([cfg.policy], cfg.runtime, self.run_dir, seed=cfg.seed,
-                                     total_steps=cfg.train.steps,
-                                     preference_pairs=cfg.data.pairs, guards=cfg.guards,
-                                     export=cfg.export, drift=cfg.drift,
-                                     control=self._control(cfg),
-                                     async_rollout=cfg.train.async_rollout)
-
-    def _control(self, cfg: TrainConfig) -> Any:
-        """Online control; also without channels, a resume keeps its checkpointed values."""
-        from agentrt.controller.control import RunControl
-
-        return RunControl(cfg.control, self.workload)
+        super().__init__(cfg, PromptWorkload, start)
 
     @property
     def pool(self) -> Any:
-        return self.controller.pool_of(self.cfg.policy.id)
-
-    def run(self, stop_after: int | None = None) -> dict[str, float]:
-        """Trains to ``train.steps`` (or stops after ``stop_after`` more steps, as if killed).
-
-        Returns the last metrics row (with eval) for callers and tests.
-        """
-        try:
-            return self.controller.run(self.workload, stop_after)
-        finally:
-            self.workload.close()  # reward pools and models
-            self.controller.shutdown()  # Ray: workers killed, Ray stopped if this run started it
+        return self.pool_of(self.cfg.policy.id)

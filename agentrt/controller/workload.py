@@ -1,0 +1,103 @@
+"""The workload: what a run kind plugs into the controller loop (:mod:`agentrt.controller.loop`).
+
+A workload is the *scheduler* of a command (``agentrt train``: prompts of a task or data set;
+``agentrt tournament run``: matches; ``agentrt decompose run``: subtask chains). The loop calls
+its hooks in this order every step::
+
+    specs   = work.next_episodes(step)            # 1. what to play
+    played  = runner.run(specs)                   # 2-3. with work.players, seat_router, on_episode_end
+    metrics = work.record(played, step)           # 4. ratings, league, memory, chains
+    data    = work.training_data(played, step)    # 5. each learner's data for its objective
+    metrics |= work.after_step(ctl, step)         # snapshots, resets
+    work.evaluate(ctl) every ``eval_every`` steps; checkpoints hold work.state_dict()
+
+Subclasses set :attr:`label` and :attr:`outputs` and implement the five hooks with no default
+(:meth:`next_episodes`, :meth:`players`, :meth:`record`, :meth:`training_data`,
+:meth:`evaluate`); every other hook has a default that does nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from agentrt.config.load import dump_config
+from agentrt.config.run import RunConfig
+from agentrt.runner.core import EpisodeSpec, RunnerConfig, RunResult
+
+
+class Workload:
+    """The scheduler of a run kind, with do-nothing defaults for the optional hooks.
+
+    Args:
+        cfg: The run's config; the loop's schedule (steps, evaluation and checkpoint periods,
+            progress) is read from its shared fields.
+    """
+
+    label = "run"
+    #: Files and folders of the run folder this workload writes (``--new-run`` removes them).
+    outputs: tuple[str, ...] = ()
+    #: Pairs a preference objective draws from a ranked list ("all", "best_worst").
+    preference_pairs = "all"
+    runner: RunnerConfig
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.steps, self.progress = cfg.train.steps, cfg.progress
+        self.eval_every, self.checkpoint_every = cfg.eval.every, cfg.checkpoint.every
+        self.checkpoint_keep = cfg.checkpoint.keep
+
+    @property
+    def policies(self) -> list[Any]:
+        """Every LM policy config of the run (the controller hosts each in a pool)."""
+        return list(self.cfg.policies)
+
+    def config_text(self) -> str:
+        return dump_config(self.cfg)
+
+    # ------------------------------------------------------------------ required
+    def next_episodes(self, step: int) -> list[EpisodeSpec]:
+        raise NotImplementedError
+
+    def players(self, specs: list[EpisodeSpec]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def record(self, played: RunResult, step: int) -> dict[str, float]:
+        raise NotImplementedError
+
+    def training_data(self, played: RunResult, step: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def evaluate(self, ctl: Any) -> dict[str, float]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ optional
+    def start(self, ctl: Any) -> None:
+        """Before the warm start or resume: the pools exist."""
+
+    def warm_start(self, ctl: Any) -> dict[str, float]:
+        """A fresh run's warm start (SFT, behaviour cloning); its last metrics."""
+        return {}
+
+    def on_episode_end(self) -> Callable[[Any], None] | None:
+        return None
+
+    def seat_router(self) -> Callable[[Any, str], str] | None:
+        return None
+
+    def after_step(self, ctl: Any, step: int) -> dict[str, float]:
+        return {}
+
+    def done(self) -> bool:
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores :meth:`state_dict` on resume."""
+
+    def finish(self, ctl: Any) -> None:
+        """After the last step (final models, reports)."""
+
+    def close(self) -> None:
+        """Releases what the workload holds (reward pools, stores), whatever happened."""
