@@ -32,14 +32,8 @@ from agentrt.controller.loop import Controller, greedy
 from agentrt.controller.run_dir import truncate_jsonl
 from agentrt.controller.workload import Workload
 from agentrt.core.registry import import_callable
-from agentrt.runner.core import (
-    ROUTED,
-    EpisodeRecord,
-    EpisodeRunner,
-    EpisodeSpec,
-    RunnerConfig,
-    RunResult,
-)
+from agentrt.runner.core import ROUTED, EpisodeRunner, EpisodeSpec, RunnerConfig, RunResult
+from agentrt.runner.record import EpisodeRecord
 from agentrt.workloads.prompts.data.sources import PromptSampler
 from agentrt.workloads.prompts.workload import sft_warm_start
 

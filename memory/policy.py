@@ -38,7 +38,7 @@ from agentrt.memory.config import BankConfig
 from agentrt.core.schema import ConfigModel
 
 if TYPE_CHECKING:
-    from agentrt.runner.core import EpisodeRecord
+    from agentrt.runner.record import EpisodeRecord
 
 Reflect = Callable[["EpisodeRecord", str], Sequence[str]]
 """``reflect(record, agent) -> texts``: reflections of the policy that played ``agent``."""

@@ -37,7 +37,8 @@ from agentrt.controller.objectives import outcome_pairs, training_trajectories
 from agentrt.controller.progress import StepProgress
 from agentrt.controller.workload import Workload
 from agentrt.core.types import Turn
-from agentrt.runner.core import EpisodeRecord, EpisodeRunner, EpisodeSpec, RunResult
+from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunResult
+from agentrt.runner.record import EpisodeRecord
 from agentrt.runtime.preference import PreferenceExample
 
 log = logging.getLogger(__name__)

@@ -34,6 +34,8 @@ from agentrt.envs import make_multi
 from agentrt.core.errors import AgentrtError, ConfigError
 from agentrt.policies.base import Action, ActRequest, Policy, as_policy
 from agentrt.runner.joint import act_all
+from agentrt.runner.record import EpisodeRecord, episode_results
+from agentrt.runner.vector import can_vectorize, run_vectorized
 from agentrt.core.schema import ConfigModel
 from agentrt.core.types import Trajectory, Turn
 
@@ -93,27 +95,6 @@ def specs(env: str, players: Sequence[str], n: int, seed: int = 0, **kwargs: Any
           ) -> list[EpisodeSpec]:
     """``n`` specs of ``env`` with seeds ``seed, seed+1, ...`` (kwargs go to EpisodeSpec)."""
     return [EpisodeSpec(env, tuple(players), seed + i, **kwargs) for i in range(n)]
-
-
-@dataclass
-class EpisodeRecord:
-    """What happened in one episode (all agents, trainable or not)."""
-
-    episode_id: str
-    env: str
-    seed: int
-    seats: dict[str, str]
-    returns: dict[str, float]
-    results: dict[str, str]
-    num_actions: int
-    invalid: dict[str, int]
-    ended_by: str
-    final_infos: dict[str, dict[str, Any]]
-    policy_versions: dict[str, int]
-
-    @property
-    def truncated(self) -> bool:
-        return self.ended_by in ("truncated", "turn_limit", "context")
 
 
 @dataclass
@@ -195,8 +176,6 @@ class EpisodeRunner:
         self._kwargs_json.clear()  # kwargs may have changed between runs
         start = time.perf_counter()
         stats = _Stats()
-        from agentrt.runner.vector import can_vectorize, run_vectorized
-
         if can_vectorize(self, episodes):
             done = run_vectorized(self, episodes, stats)
             for record in done if on_episode_end is not None else ():
@@ -411,27 +390,6 @@ class _Stats:
         out["perf/episodes_per_s"] = episodes / seconds if seconds > 0 else 0.0
         out["perf/actions_per_s"] = sum(self.requests.values()) / seconds if seconds > 0 else 0.0
         return out
-
-
-def episode_results(returns: dict[str, float], forfeit: str | None, ended_by: str
-                    ) -> dict[str, str]:
-    """Per-agent result: "win"/"draw"/"loss" in games, "solved"/"failed" for one agent.
-
-    A forfeit (invalid action) loses and the others win; a turn-limit or context end is a draw;
-    otherwise the strictly highest return wins and a tie at the top is a draw.
-    """
-    agents = list(returns)
-    if len(agents) == 1:
-        return {agents[0]: "solved" if returns[agents[0]] > 0 else "failed"}
-    if forfeit is not None:
-        return {a: "loss" if a == forfeit else "win" for a in agents}
-    if ended_by in ("turn_limit", "context"):
-        return dict.fromkeys(agents, "draw")
-    best = max(returns.values())
-    top = [a for a in agents if returns[a] == best]
-    if len(top) == len(agents):
-        return dict.fromkeys(agents, "draw")
-    return {a: ("win" if len(top) == 1 else "draw") if a in top else "loss" for a in agents}
 
 
 def summarize(records: Sequence[EpisodeRecord]) -> dict[str, float]:

@@ -9,12 +9,15 @@ class has ``vector_game`` and every policy involved has ``act_vector``.
 from __future__ import annotations
 
 import uuid
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from agentrt.core.errors import ConfigError
-from agentrt.runner.core import EpisodeRecord, EpisodeSpec, episode_results
+from agentrt.runner.record import EpisodeRecord, episode_results
+
+if TYPE_CHECKING:
+    from agentrt.runner.core import EpisodeSpec
 
 _ENDS = ("", "terminated", "invalid", "turn_limit")
 

@@ -236,7 +236,7 @@ def _renamed(engine: HybridEngine, policy_id: str) -> LMPolicy:
 
 
 def test_writer_stores_outcomes_and_each_fact_once() -> None:
-    from agentrt.runner.core import EpisodeRecord
+    from agentrt.runner.record import EpisodeRecord
 
     bank = FaissBank(bank_config(name="w"))
     cfg = MemoryConfig(bank="w", write=("outcome", "facts"), visibility="shared")
