@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from agentrt.envs.core import MultiAgentEnv
+from agentrt.envs.vector import TTT_LINES, TicTacToeVector
 
-_TTT_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8),
-              (2, 4, 6))
 # Lines through each cell, so a move only checks the lines it can complete.
-_TTT_LINES_AT = tuple(tuple(line for line in _TTT_LINES if cell in line) for cell in range(9))
+_TTT_LINES_AT = tuple(tuple(line for line in TTT_LINES if cell in line) for cell in range(9))
 _MARKS = ".XO"
 
 
@@ -29,7 +28,7 @@ def parse_index(text: str, size: int) -> int | None:
 
 def ttt_winner(board: tuple[int, ...] | list[int]) -> int:
     """1 or 2 when that mark has three in a row, else 0."""
-    for a, b, c in _TTT_LINES:
+    for a, b, c in TTT_LINES:
         if board[a] and board[a] == board[b] == board[c]:
             return board[a]
     return 0
@@ -58,8 +57,6 @@ class TicTacToe(MultiAgentEnv):
     @staticmethod
     def vector_game() -> Any:
         """The numpy twin used by the runner's fast path (``agentrt.envs.vector``)."""
-        from agentrt.envs.vector import TicTacToeVector
-
         return TicTacToeVector()
 
     def _reset(self, options: dict[str, Any]) -> None:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from agentrt.envs.board import _TTT_LINES
+# The eight lines of three cells of tic-tac-toe (the text env, agentrt.envs.board, reads them too).
+TTT_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8),
+             (2, 4, 6))
 
 
 class TicTacToeVector:
@@ -23,7 +25,7 @@ class TicTacToeVector:
     possible_agents = ["player_0", "player_1"]
     action_names = [str(i) for i in range(9)]
     num_actions = 9
-    _lines = np.array(_TTT_LINES)
+    _lines = np.array(TTT_LINES)
 
     def reset(self, n: int) -> None:
         self.boards = np.zeros((n, 9), dtype=np.int8)
