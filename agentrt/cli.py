@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -61,29 +61,55 @@ def _setup() -> None:
     logging.getLogger("agentrt").setLevel(logging.INFO)
 
 
-@app.command()
-def train(
-    config: Path = typer.Argument(..., help="YAML config (see examples/)."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
-    imports: Optional[list[str]] = _IMPORT,
-    run_dir: Optional[str] = typer.Option(None, help="Output folder (overrides run_dir)."),
-    new_run: bool = _NEW_RUN,
-    resume: str = _RESUME,
-) -> None:
-    """Train one policy on a built-in task: optional SFT warm start, then GRPO/PPO/..."""
-    run = _launch("train", config, set_, imports, run_dir, new_run, resume)
-    last = run.run()
+_SET = typer.Option(None, "--set", help="Override: section.field=value")
+
+
+def _train_summary(run: Any, last: dict[str, float]) -> list[str]:
     acc = last.get("eval/accuracy")
-    typer.echo(f"run folder: {run.run_dir.path}")
-    if acc is not None:
-        typer.echo(f"final held-out accuracy: {acc:.3f}")
-    typer.echo(f"curves: {run.run_dir.path / 'curves.png'}")
+    return [f"run folder: {run.run_dir.path}",
+            *([f"final held-out accuracy: {acc:.3f}"] if acc is not None else []),
+            f"curves: {run.run_dir.path / 'curves.png'}"]
+
+
+def _league_summary(run: Any, last: dict[str, float]) -> list[str]:
+    return [run.workload.leaderboard_text, f"report: {run.workload.report_path}"]
+
+
+def _decompose_summary(run: Any, last: dict[str, float]) -> list[str]:
+    lines = [f"run folder: {run.run_dir.path}"]
+    if "eval/success" in last:
+        lines.append(f"held-out task success: {last['eval/success']:.3f}, plan validity: "
+                     f"{last['eval/plan_valid']:.3f}")
+    return [*lines, f"report: {run.run_dir.path / 'report.html'}"]
+
+
+def _run_command(kind: str, doc: str, summary: Callable[[Any, dict[str, float]], list[str]]
+                 ) -> Callable[..., None]:
+    """The command of a run kind: one launch, the run, then the kind's summary lines."""
+
+    def command(config: Path = typer.Argument(..., help=f"YAML {kind} config (see examples/)."),
+                set_: Optional[list[str]] = _SET, imports: Optional[list[str]] = _IMPORT,
+                run_dir: Optional[str] = typer.Option(None, help="Output folder (overrides "
+                                                                 "run_dir)."),
+                new_run: bool = _NEW_RUN, resume: str = _RESUME) -> None:
+        run = _launch(kind, config, set_, imports, run_dir, new_run, resume)
+        last = run.run()
+        for line in summary(run, last):
+            typer.echo(line)
+
+    command.__doc__ = doc
+    return command
+
+
+app.command("train")(_run_command(
+    "train", "Train one policy on a built-in task: optional SFT warm start, then GRPO/PPO/...",
+    _train_summary))
 
 
 @app.command("check-config")
 def check_config(
     config: Path = typer.Argument(..., help="YAML config to validate (any kind)."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
+    set_: Optional[list[str]] = _SET,
     imports: Optional[list[str]] = _IMPORT,
     kind: Optional[str] = typer.Option(
         None, help="train, tournament or decompose (default: told by the config's sections)."),
@@ -124,30 +150,16 @@ def config_help(
 
 tournament_app = typer.Typer(no_args_is_help=True, help="Self-play leagues and tournaments.")
 app.add_typer(tournament_app, name="tournament")
-
-
-@tournament_app.command("run")
-def tournament_run(
-    config: Path = typer.Argument(..., help="YAML tournament config (see examples/)."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
-    imports: Optional[list[str]] = _IMPORT,
-    run_dir: Optional[str] = typer.Option(None, help="Output folder (overrides run_dir)."),
-    new_run: bool = _NEW_RUN,
-    resume: str = _RESUME,
-) -> None:
-    """Train learning policies by playing scheduled matches; resumes if the folder has a
-    checkpoint; ends with the leaderboard and the HTML report."""
-    run = _launch("tournament", config, set_, imports, run_dir, new_run, resume)
-    run.run()
-    typer.echo(run.workload.leaderboard_text)
-    typer.echo(f"report: {run.workload.report_path}")
+tournament_app.command("run")(_run_command(
+    "tournament", "Train learning policies by playing scheduled matches; resumes if the folder "
+    "has a checkpoint; ends with the leaderboard and the HTML report.", _league_summary))
 
 
 @tournament_app.command("eval")
 def tournament_eval(
     config: Path = typer.Argument(..., help="YAML config: frozen policies (model.path) and "
                                             "baselines; schedule.format round_robin or swiss."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
+    set_: Optional[list[str]] = _SET,
     imports: Optional[list[str]] = _IMPORT,
     new_run: bool = _NEW_RUN,
     resume: str = _RESUME,
@@ -185,26 +197,10 @@ def tournament_report(run_dir: Path = typer.Argument(..., help="A tournament run
 decompose_app = typer.Typer(no_args_is_help=True,
                             help="Long tasks split into subtask chains run by specialists.")
 app.add_typer(decompose_app, name="decompose")
-
-
-@decompose_app.command("run")
-def decompose_run(
-    config: Path = typer.Argument(..., help="YAML decomposer config (see examples/)."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override: section.field=value"),
-    imports: Optional[list[str]] = _IMPORT,
-    run_dir: Optional[str] = typer.Option(None, help="Output folder (overrides run_dir)."),
-    new_run: bool = _NEW_RUN,
-    resume: str = _RESUME,
-) -> None:
-    """Train a planner and its specialists on a task family's chains; resumes if the folder
-    has a checkpoint; ends with held-out success and the HTML report."""
-    run = _launch("decompose", config, set_, imports, run_dir, new_run, resume)
-    last = run.run()
-    typer.echo(f"run folder: {run.run_dir.path}")
-    if "eval/success" in last:
-        typer.echo(f"held-out task success: {last['eval/success']:.3f}, plan validity: "
-                   f"{last['eval/plan_valid']:.3f}")
-    typer.echo(f"report: {run.run_dir.path / 'report.html'}")
+decompose_app.command("run")(_run_command(
+    "decompose", "Train a planner and its specialists on a task family's chains; resumes if the "
+    "folder has a checkpoint; ends with held-out success and the HTML report.",
+    _decompose_summary))
 
 
 @decompose_app.command("report")

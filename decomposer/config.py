@@ -98,9 +98,12 @@ class DecomposeConfig(RunConfig):
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     policies: list[SpecialistPolicy] = Field(..., min_length=1, description="LM policies.")
     tools: list[ToolConfig] = Field(default_factory=list, description="Python specialists.")
-    router: RouterConfig = Field(default_factory=RouterConfig)
-    chain: ChainConfig = Field(default_factory=ChainConfig)
-    sft: SFTConfig = Field(default_factory=SFTConfig)
+    router: RouterConfig = Field(default_factory=RouterConfig,
+                                 description="Which specialist runs each subtask.")
+    chain: ChainConfig = Field(default_factory=ChainConfig,
+                               description="What a chain does when a step fails.")
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="Warm start of the planner "
+                           "and specialists on demonstrations (sft_steps per policy overrides).")
     train: DecomposeLoopConfig = Field(default_factory=DecomposeLoopConfig)
     eval: DecomposeEvalConfig = Field(default_factory=DecomposeEvalConfig)
 

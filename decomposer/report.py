@@ -88,17 +88,10 @@ def plot_routing(over_time: dict[str, dict[str, dict[int, int]]]) -> Figure | No
     return fig
 
 
-def write_report(run_dir: str | Path) -> Path:
-    """Writes ``report.html`` in ``run_dir`` and returns its path."""
-    run_dir = Path(run_dir)
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
-    chains = read_jsonl(run_dir / "chains.jsonl")
-    if not chains:
-        raise AgentrtError(f"{run_dir / 'chains.jsonl'} holds no readable chain record; give "
-                           "the folder of a decomposer run that played at least one step")
-    evals = read_jsonl(run_dir / "eval_chains.jsonl")
+def _success_table(metrics: list[dict[str, Any]]) -> list[str]:
+    """Held-out success (task, plan validity, each subtask type) at the first and last eval."""
     e = html.escape
-    parts = [f"<h1>Decomposer run {e(run_dir.name)}</h1>"]
+    parts: list[str] = []
     last = [r for r in metrics if "eval/success" in r]
     if last:
         first, end = last[0], last[-1]
@@ -111,6 +104,43 @@ def write_report(run_dir: str | Path) -> Path:
                      + "".join(f"<tr><td>{e(name)}</td><td>{first.get(key, float('nan')):.3f}"
                                f"</td><td>{end.get(key, float('nan')):.3f}</td></tr>"
                                for name, key in rows) + "</table>")
+    return parts
+
+
+def _example_chains(evals: list[dict[str, Any]]) -> list[str]:
+    """The newest evaluation's example chains, one table of steps each."""
+    e = html.escape
+    parts: list[str] = []
+    if evals:
+        latest = evals[-1]
+        parts.append(f"<h2>Example chains (held-out, step {latest['step']})</h2>")
+        for c in latest["chains"]:
+            steps = "".join(
+                f"<tr><td>{e(s['type'])}</td><td>{e(s['policy'])}</td>"
+                f"<td><code>{e(s['observation'].strip())}</code></td>"
+                f"<td><code>{e(s['output'])}</code></td>"
+                f"<td>{'ok' if s['ok'] else 'FAIL: ' + e(s['reason'])}</td></tr>"
+                for s in c["steps"])
+            parts.append(
+                f"<p><b>{e(c.get('task', ''))}</b><br>plan: <code>{e(c.get('plan', ''))}</code>"
+                f" by {e(c.get('planner', ''))} &rarr; <b>{e(c['outcome'])}</b> "
+                f"{e(c.get('reason') or '')}</p><table><tr><th>type</th><th>policy</th>"
+                f"<th>observation</th><th>output</th><th>verdict</th></tr>{steps}</table>")
+    return parts
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Writes ``report.html`` in ``run_dir`` and returns its path."""
+    run_dir = Path(run_dir)
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    chains = read_jsonl(run_dir / "chains.jsonl")
+    if not chains:
+        raise AgentrtError(f"{run_dir / 'chains.jsonl'} holds no readable chain record; give "
+                           "the folder of a decomposer run that played at least one step")
+    evals = read_jsonl(run_dir / "eval_chains.jsonl")
+    e = html.escape
+    parts = [f"<h1>Decomposer run {e(run_dir.name)}</h1>"]
+    parts += _success_table(metrics)
     fig = plot_eval(metrics)
     if fig is not None:
         parts.append(f'<img src="data:image/png;base64,{_png(fig)}">')
@@ -129,21 +159,7 @@ def write_report(run_dir: str | Path) -> Path:
     if fig is not None:
         parts.append("<h2>Routing over time</h2>"
                      f'<img src="data:image/png;base64,{_png(fig)}">')
-    if evals:
-        latest = evals[-1]
-        parts.append(f"<h2>Example chains (held-out, step {latest['step']})</h2>")
-        for c in latest["chains"]:
-            steps = "".join(
-                f"<tr><td>{e(s['type'])}</td><td>{e(s['policy'])}</td>"
-                f"<td><code>{e(s['observation'].strip())}</code></td>"
-                f"<td><code>{e(s['output'])}</code></td>"
-                f"<td>{'ok' if s['ok'] else 'FAIL: ' + e(s['reason'])}</td></tr>"
-                for s in c["steps"])
-            parts.append(
-                f"<p><b>{e(c.get('task', ''))}</b><br>plan: <code>{e(c.get('plan', ''))}</code>"
-                f" by {e(c.get('planner', ''))} &rarr; <b>{e(c['outcome'])}</b> "
-                f"{e(c.get('reason') or '')}</p><table><tr><th>type</th><th>policy</th>"
-                f"<th>observation</th><th>output</th><th>verdict</th></tr>{steps}</table>")
+    parts += _example_chains(evals)
     style = ("body{font-family:sans-serif;max-width:1000px;margin:auto}table{border-collapse:"
              "collapse;margin:6px 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}")
     doc = (f"<!doctype html><html><head><meta charset='utf-8'><title>decomposer report</title>"

@@ -98,6 +98,22 @@ def retrieve_context(
     return header + body, ids
 
 
+def _texts(cfg: MemoryConfig, env: str, outcome: float | None, summary: str | None,
+           reflections: Sequence[str], facts: Sequence[str]) -> list[tuple[str, str]]:
+    """(text, kind) of each record ``cfg.write`` asks for, in the order they are written."""
+    out: list[tuple[str, str]] = []
+    if "outcome" in cfg.write and (outcome is not None or summary):
+        parts = [f"Episode in {env or 'env'}"]
+        if outcome is not None:
+            parts.append(f"ended with outcome {outcome:+.3g}")
+        out.append((" ".join(parts) + "." + (f" {summary.strip()}" if summary else ""), "outcome"))
+    if "reflection" in cfg.write:
+        out += [(text, "reflection") for text in reflections]
+    if "facts" in cfg.write:
+        out += [(text, "fact") for text in facts]
+    return out
+
+
 def write_episode_memories(
     bank: MemoryBank,
     cfg: MemoryConfig,
@@ -138,27 +154,13 @@ def write_episode_memories(
     """
     items: list[dict[str, Any]] = []
     base = dict(policy_id=policy_id, episode_id=episode_id, env=env, visibility=cfg.visibility)
-
-    def add(text: str, kind: str) -> None:
+    for text, kind in _texts(cfg, env, outcome, summary, reflections, facts):
         if text and text.strip():
             item = {**base, "text": text.strip(), "tags": (kind, *tags)}
             if key is not None:
                 index = sum(it["tags"][0] == kind for it in items)
                 item["id"] = record_id(key, kind, index)
             items.append(item)
-
-    if "outcome" in cfg.write and (outcome is not None or summary):
-        parts = [f"Episode in {env or 'env'}"]
-        if outcome is not None:
-            parts.append(f"ended with outcome {outcome:+.3g}")
-        text = " ".join(parts) + "." + (f" {summary.strip()}" if summary else "")
-        add(text, "outcome")
-    if "reflection" in cfg.write:
-        for text in reflections:
-            add(text, "reflection")
-    if "facts" in cfg.write:
-        for text in facts:
-            add(text, "fact")
     if not items:
         return []
     ids = [it.get("id") for it in items]

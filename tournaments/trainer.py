@@ -337,11 +337,3 @@ class LeagueTrainer(Run):
 
     def __init__(self, cfg: TournamentRunConfig, start: str = "auto") -> None:
         super().__init__(cfg, LeagueWorkload, start)
-
-    @property
-    def leaderboard_text(self) -> str:
-        return self.workload.leaderboard_text
-
-    @property
-    def report_path(self) -> Any:
-        return self.workload.report_path

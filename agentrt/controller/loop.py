@@ -36,21 +36,17 @@ from agentrt.config.rollout import SamplingConfig
 from agentrt.config.run import AsyncRolloutConfig
 from agentrt.config.sections import GuardsConfig, PolicyConfig, RuntimeConfig
 from agentrt.controller.async_rollout import AsyncRollout
-from agentrt.controller.drift import DriftMonitor, DriftPaused, weights_sha256
+from agentrt.controller.drift import DriftMonitor
 from agentrt.controller.exporters import Exporters, code_version
 from agentrt.controller.guards import RunGuard
-from agentrt.controller.identity import RunFolderError
 from agentrt.controller.objectives import learn
 from agentrt.controller.plot import plot_metrics
 from agentrt.controller.progress import StepProgress
 from agentrt.controller.run_dir import (
     RunDir,
     Timer,
-    load_checkpoint,
-    rng_state,
-    set_rng_state,
-    truncate_jsonl,
 )
+from agentrt.controller.state import drift_action, resume, save
 from agentrt.controller.versions import VersionBook
 from agentrt.controller.workload import Workload
 from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunResult
@@ -263,7 +259,7 @@ class Controller:
             self._tune_threads()
             if self.prefetch is not None:  # its processes start beside the warm start
                 self.prefetch.start(self)
-            last = {} if self._resume(work) else self._warm_start(work)
+            last = {} if resume(self, work) else self._warm_start(work)
             if self.control is not None:
                 self.control.start(self)
             bar = StepProgress(work.steps, enabled=work.progress, start=self.step,
@@ -335,42 +331,11 @@ class Controller:
         self.last_metrics = metrics
         bar.update(step, metrics)
         if self.drift is not None and self.drift.alert is not None:
-            self._drift_action(work, self.drift.alert)
+            drift_action(self, work, self.drift.alert)
         if self.step == step and (step % work.checkpoint_every == 0 or step == work.steps):
-            self.save(work)  # (a retrain went back to an earlier step: nothing new to save)
+            save(self, work)  # (a retrain went back to an earlier step: nothing new to save)
         return metrics
 
-    def _drift_action(self, work: Workload, alert: dict[str, Any]) -> None:
-        """The drift alert's action (:mod:`agentrt.controller.drift`): pause saves and stops; rollback
-        and retrain load the last good checkpoint's policies and workload state (this process's
-        RNG goes on: fresh samples), retrain also its step."""
-        assert self.drift is not None
-        if alert["action"] == "log":
-            return
-        if alert["action"] == "pause":
-            message = self.drift.pause_message(alert, self.step)
-            self.save(work)
-            raise DriftPaused(message)
-        good = alert["rollback_to"]
-        ckpt = self.run_dir.ckpt_dir / f"step_{good}"
-        state = load_checkpoint(ckpt)
-        before = self._fingerprints()
-        for pool in self.pools:
-            pool.load_state_dict({**state["pools"][pool.cfg.id], "rng": None})
-        work.load_state_dict(state["workload"])
-        event = {"event": alert["action"], "step": self.step, "checkpoint_step": good,
-                 "checkpoint": str(ckpt.relative_to(self.run_dir.path)),
-                 "weights_before": before, "weights_after": self._fingerprints()}
-        if alert["action"] == "retrain":
-            self.step = good
-            self.run_dir.truncate_metrics(good)
-        self.drift.acted(event)
-        log.warning("drift: %s to %s (step %d); the run goes on from step %d", alert["action"],
-                    event["checkpoint"], good, self.step)
-
-    def _fingerprints(self) -> dict[str, str]:
-        """sha256 of each learner's trainable weights (drift events name what was loaded)."""
-        return {pid: weights_sha256(self.pool_of(pid).weights(pid)) for pid in self.learners()}
 
     def _tune_threads(self) -> None:
         """With ``threads`` unset, the fastest thread count for the first in-process policy's
@@ -380,7 +345,7 @@ class Controller:
         local = [p for p in self.pools if isinstance(p, LocalPool)]
         if not threads_auto() or not local:
             return
-        engine = local[0].engine
+        engine = local[0].learner
         probe = forward_probe(engine.model, len(local[0].tokenizer))
         self.tuner = ThreadTuner(probe, spare=spare_cpus, watch=lambda: spare_cpus(samples=1))
         self.tuner.tune()
@@ -398,64 +363,10 @@ class Controller:
         self.run_dir.log_metrics(0, metrics)
         self.exporters.emit(0, metrics)
         self.last_metrics = metrics
-        self.save(work)
+        save(self, work)
         return metrics
 
-    # ------------------------------------------------------------------ state
-    def state_dict(self, work: Workload) -> dict[str, Any]:
-        state = {"step": self.step, "pools": {p.cfg.id: p.state_dict() for p in self.pools},
-                 "workload": work.state_dict(), "rng": rng_state()}
-        if self.drift is not None:
-            state["drift"] = self.drift.state_dict()
-        if self.control is not None:
-            state["control"] = self.control.state_dict()
-        return state
 
-    def save(self, work: Workload) -> None:
-        if self.prefetch is not None and self.prefetch.in_flight:
-            raise RuntimeError("a checkpoint with a rollout in flight would skip its prompts")
-        if self.drift is not None:
-            self.drift.saved(self.step)
-        state = self.state_dict(work)
-        self.guard.check_state(self.step, state)  # never a checkpoint with NaN weights
-        self.run_dir.save_checkpoint(self.step, state, work.checkpoint_keep,
-                                     pinned=self.drift.pinned() if self.drift else ())
-        self.guard.saved(self.step)
-        if hasattr(work, "checkpointed"):  # e.g. a Redis stream acknowledges what it holds
-            work.checkpointed(self.step)
-        if self.version_book is not None:  # after the checkpoint: a record names a saved version
-            self.version_book.checkpointed(self.step, {p: self.pool_of(p).version_of(p)
-                                                   for p in self.learners()}, self.last_metrics)
-
-    def _resume(self, work: Workload) -> bool:
-        found = self.run_dir.load_latest()  # a damaged newest one: a warning, the one before
-        if found is None:
-            return False
-        ckpt, state = found
-        self.step = int(state["step"])
-        set_rng_state(state["rng"])  # first: the pools' own RNG states (they sampled) win
-        for pool in self.pools:
-            if pool.cfg.id not in state["pools"]:
-                raise RunFolderError(f"{ckpt} holds no policy {pool.cfg.id!r} (it holds "
-                                     f"{', '.join(state['pools'])}); {_CHECK_IT}")
-            try:
-                pool.load_state_dict(state["pools"][pool.cfg.id])  # also syncs the rollouts
-            except Exception as exc:  # noqa: BLE001 - a Ray actor wraps the torch error
-                mismatch = _size_mismatch(str(exc))
-                if mismatch is None:
-                    raise
-                raise RunFolderError(f"{ckpt} does not fit policy {pool.cfg.id!r} of this "
-                                     f"config ({mismatch}); {_CHECK_IT}") from None
-        work.load_state_dict(state["workload"])
-        if self.control is not None:  # its live values: the workload and policy take them
-            self.control.load_state_dict(self, state.get("control"))
-        self.run_dir.truncate_metrics(self.step)
-        if self.drift is not None:
-            truncate_jsonl(self.drift.events, self.step)
-            self.drift.load_state_dict(state.get("drift"), self.step)
-        self.guard.saved(self.step)
-        log.warning("resumed from %s (step %d)", ckpt, self.step)
-        return True
 
     def shutdown(self) -> None:
         if self.prefetch is not None:
@@ -466,21 +377,6 @@ class Controller:
             pool.shutdown()
         self.pools = []
         self.run_dir.close()  # the folder's lock
-
-
-_CHECK_IT = ("`agentrt ckpt check RUN_DIR --against CONFIG` names every difference; pass "
-             "--new-run to start over")
-
-
-def _size_mismatch(message: str) -> str | None:
-    """The first 'size mismatch for <weight>: ...' of a torch load error, shortened."""
-    for line in message.splitlines():
-        line = line.strip()
-        if line.startswith("size mismatch for "):
-            return line.replace("copying a param with shape torch.Size(", "").replace(
-                ") from checkpoint, the shape in current model is torch.Size(", " in the "
-                "checkpoint, ").rstrip(".").removesuffix(")") + " in this config"
-    return None
 
 
 def greedy(sampling: SamplingConfig) -> SamplingConfig:

@@ -14,6 +14,10 @@ its hooks in this order every step::
 Subclasses set :attr:`label` and :attr:`outputs` and implement the five hooks with no default
 (:meth:`next_episodes`, :meth:`players`, :meth:`record`, :meth:`training_data`,
 :meth:`evaluate`); every other hook has a default that does nothing.
+
+Online control (:mod:`agentrt.controller.control`): a kind names its own live fields in
+:attr:`live` (:meth:`live_fields` adds every LM policy's sampling and learning rate and the shared
+ones), takes them in :meth:`reconfigure`, and names the commands it cannot take in :attr:`refused`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Callable
 
 from agentrt.config.load import dump_config
 from agentrt.config.run import RunConfig
+from agentrt.controller.control.config import POLICY_LIVE, SHARED_LIVE
 from agentrt.runner.core import EpisodeSpec, RunnerConfig, RunResult
 
 
@@ -38,6 +43,10 @@ class Workload:
     outputs: tuple[str, ...] = ()
     #: Pairs a preference objective draws from a ranked list ("all", "best_worst").
     preference_pairs = "all"
+    #: Fields of the kind's own sections a running run takes (see :meth:`live_fields`).
+    live: tuple[str, ...] = ()
+    #: Control commands (``feedback``, ``inject``) this kind cannot take, and why in one line.
+    refused: dict[str, str] = {}
     runner: RunnerConfig
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -53,6 +62,33 @@ class Workload:
 
     def config_text(self) -> str:
         return dump_config(self.cfg)
+
+    # ------------------------------------------------------------------ online control
+    def policy_sections(self) -> list[tuple[str, Any]]:
+        """``(dotted key, config)`` of every LM policy's section: ``policies.<index>``."""
+        return [(f"policies.{i}", p) for i, p in enumerate(self.cfg.policies)]
+
+    def live_fields(self) -> tuple[str, ...]:
+        """The config fields a running run takes (``agentrt ctl set``): :attr:`live`, every LM
+        policy's sampling and (a learner's) learning rate, then the fields every kind shares."""
+        policies = [f"{key}.{name}" for key, p in self.policy_sections() for name in POLICY_LIVE
+                    if p.trainable or not name.startswith("optim.")]
+        return (*self.live, *policies, *SHARED_LIVE)
+
+    def refusal(self, command: str) -> str | None:
+        """Why this run cannot take control command ``command``; None: it can."""
+        return self.refused.get(command)
+
+    def reconfigure(self, ctl: Any, cfg: RunConfig) -> None:
+        """Live values: ``cfg`` differs from the run's config in :meth:`live_fields` only. A
+        changed policy goes to its pool (sampling, learning rate); the next step reads the rest.
+        Subclasses rebuild what they made from the old values, after this."""
+        before = dict(self.policy_sections())
+        self.cfg = cfg
+        for key, policy in self.policy_sections():
+            if policy != before[key]:
+                ctl.reconfigure(policy)
+        self.eval_every, self.checkpoint_every = cfg.eval.every, cfg.checkpoint.every
 
     # ------------------------------------------------------------------ required
     def next_episodes(self, step: int) -> list[EpisodeSpec]:
@@ -95,6 +131,9 @@ class Workload:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores :meth:`state_dict` on resume."""
+
+    def checkpointed(self, step: int) -> None:
+        """The checkpoint of ``step`` is written (e.g. a stream acknowledges what it holds)."""
 
     def finish(self, ctl: Any) -> None:
         """After the last step (final models, reports)."""

@@ -287,7 +287,3 @@ class Trainer(Run):
 
     def __init__(self, cfg: TrainConfig, start: str = "auto") -> None:
         super().__init__(cfg, PromptWorkload, start)
-
-    @property
-    def pool(self) -> Any:
-        return self.pool_of(self.cfg.policy.id)

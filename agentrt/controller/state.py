@@ -1,0 +1,130 @@
+"""A run's saved state: what a checkpoint of the controller loop holds, its save, the resume
+from the newest good checkpoint, and the drift monitor's rollback to an earlier one.
+
+Functions of the :class:`~agentrt.controller.loop.Controller` they save and restore; the loop
+calls them at its step boundaries.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from agentrt.controller.drift import DriftPaused, weights_sha256
+from agentrt.controller.identity import RunFolderError
+from agentrt.controller.run_dir import load_checkpoint, rng_state, set_rng_state, truncate_jsonl
+from agentrt.controller.workload import Workload
+
+if TYPE_CHECKING:
+    from agentrt.controller.loop import Controller
+
+log = logging.getLogger(__name__)
+
+
+def state_dict(ctl: Controller, work: Workload) -> dict[str, Any]:
+    """What a checkpoint holds: the step, every pool, the workload, RNG, drift and control."""
+    state = {"step": ctl.step, "pools": {p.cfg.id: p.state_dict() for p in ctl.pools},
+             "workload": work.state_dict(), "rng": rng_state()}
+    if ctl.drift is not None:
+        state["drift"] = ctl.drift.state_dict()
+    if ctl.control is not None:
+        state["control"] = ctl.control.state_dict()
+    return state
+
+
+def save(ctl: Controller, work: Workload) -> None:
+    """Writes the checkpoint of ``ctl.step`` (checked first: never one with NaN weights)."""
+    if ctl.prefetch is not None and ctl.prefetch.in_flight:
+        raise RuntimeError("a checkpoint with a rollout in flight would skip its prompts")
+    if ctl.drift is not None:
+        ctl.drift.saved(ctl.step)
+    state = state_dict(ctl, work)
+    ctl.guard.check_state(ctl.step, state)  # never a checkpoint with NaN weights
+    ctl.run_dir.save_checkpoint(ctl.step, state, work.checkpoint_keep,
+                                 pinned=ctl.drift.pinned() if ctl.drift else ())
+    ctl.guard.saved(ctl.step)
+    work.checkpointed(ctl.step)  # e.g. a Redis stream acknowledges what it holds
+    if ctl.version_book is not None:  # after the checkpoint: a record names a saved version
+        ctl.version_book.checkpointed(ctl.step, {p: ctl.pool_of(p).version_of(p)
+                                               for p in ctl.learners()}, ctl.last_metrics)
+
+
+def resume(ctl: Controller, work: Workload) -> bool:
+    """Restores the newest good checkpoint of the run folder; False when there is none."""
+    found = ctl.run_dir.load_latest()  # a damaged newest one: a warning, the one before
+    if found is None:
+        return False
+    ckpt, state = found
+    ctl.step = int(state["step"])
+    set_rng_state(state["rng"])  # first: the pools' own RNG states (they sampled) win
+    for pool in ctl.pools:
+        if pool.cfg.id not in state["pools"]:
+            raise RunFolderError(f"{ckpt} holds no policy {pool.cfg.id!r} (it holds "
+                                 f"{', '.join(state['pools'])}); {_CHECK_IT}")
+        try:
+            pool.load_state_dict(state["pools"][pool.cfg.id])  # also syncs the rollouts
+        except Exception as exc:  # noqa: BLE001 - a Ray actor wraps the torch error
+            mismatch = _size_mismatch(str(exc))
+            if mismatch is None:
+                raise
+            raise RunFolderError(f"{ckpt} does not fit policy {pool.cfg.id!r} of this "
+                                 f"config ({mismatch}); {_CHECK_IT}") from None
+    work.load_state_dict(state["workload"])
+    if ctl.control is not None:  # its live values: the workload and policy take them
+        ctl.control.load_state_dict(ctl, state.get("control"))
+    ctl.run_dir.truncate_metrics(ctl.step)
+    if ctl.drift is not None:
+        truncate_jsonl(ctl.drift.events, ctl.step)
+        ctl.drift.load_state_dict(state.get("drift"), ctl.step)
+    ctl.guard.saved(ctl.step)
+    log.warning("resumed from %s (step %d)", ckpt, ctl.step)
+    return True
+
+
+def drift_action(ctl: Controller, work: Workload, alert: dict[str, Any]) -> None:
+    """The drift alert's action (:mod:`agentrt.controller.drift`): pause saves and stops; rollback
+    and retrain load the last good checkpoint's policies and workload state (this process's
+    RNG goes on: fresh samples), retrain also its step."""
+    assert ctl.drift is not None
+    if alert["action"] == "log":
+        return
+    if alert["action"] == "pause":
+        message = ctl.drift.pause_message(alert, ctl.step)
+        save(ctl, work)
+        raise DriftPaused(message)
+    good = alert["rollback_to"]
+    ckpt = ctl.run_dir.ckpt_dir / f"step_{good}"
+    state = load_checkpoint(ckpt)
+    before = fingerprints(ctl)
+    for pool in ctl.pools:
+        pool.load_state_dict({**state["pools"][pool.cfg.id], "rng": None})
+    work.load_state_dict(state["workload"])
+    event = {"event": alert["action"], "step": ctl.step, "checkpoint_step": good,
+             "checkpoint": str(ckpt.relative_to(ctl.run_dir.path)),
+             "weights_before": before, "weights_after": fingerprints(ctl)}
+    if alert["action"] == "retrain":
+        ctl.step = good
+        ctl.run_dir.truncate_metrics(good)
+    ctl.drift.acted(event)
+    log.warning("drift: %s to %s (step %d); the run goes on from step %d", alert["action"],
+                event["checkpoint"], good, ctl.step)
+
+
+def fingerprints(ctl: Controller) -> dict[str, str]:
+    """sha256 of each learner's trainable weights (drift events name what was loaded)."""
+    return {pid: weights_sha256(ctl.pool_of(pid).weights(pid)) for pid in ctl.learners()}
+
+
+_CHECK_IT = ("`agentrt ckpt check RUN_DIR --against CONFIG` names every difference; pass "
+             "--new-run to start over")
+
+
+def _size_mismatch(message: str) -> str | None:
+    """The first 'size mismatch for <weight>: ...' of a torch load error, shortened."""
+    for line in message.splitlines():
+        line = line.strip()
+        if line.startswith("size mismatch for "):
+            return line.replace("copying a param with shape torch.Size(", "").replace(
+                ") from checkpoint, the shape in current model is torch.Size(", " in the "
+                "checkpoint, ").rstrip(".").removesuffix(")") + " in this config"
+    return None
