@@ -240,7 +240,6 @@ FAMILIES: Registry[type[TaskFamily]] = Registry("task family")
 
 
 def make_family(name: str, options: Mapping[str, Any] | None = None) -> TaskFamily:
-    """The registered family ``name`` built with ``options`` (validated by its options model)."""
-    import agentrt.decomposer.families  # noqa: F401  (registers the built-in families)
-
+    """The registered family ``name`` built with ``options`` (validated by its options model).
+    The built-in families are registered by the package (``agentrt.decomposer``) on import."""
     return FAMILIES.get(name)(**dict(options or {}))
