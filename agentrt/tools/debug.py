@@ -24,47 +24,18 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from agentrt.core.errors import ConfigError
+from agentrt.tools.evidence import COSINE, Cause, Sample, clip
 
 REPEATS = 8  # re-scores of the run's reward
 REWARD_TOL = 1e-6  # scores closer than this are equal
 DISAGREE = 0.5  # a second reward source disagrees when it differs by more than this
 DRIFT_NATS = 1.0  # rise of the mean per-token log-prob between consecutive versions = drift
-COSINE = 0.95  # embedding match: cosine similarity at least this
-MIN_ANSWER_CHARS = 3  # shorter answers ("7") are in any text; they are not matched exactly
 CAUSES = ("reward", "actor", "leakage")
-
-
-@dataclass
-class Sample:
-    """What is debugged: a logged episode or a JSON file's sample."""
-
-    source: str  # the episode id or the JSON file
-    prompt: str
-    response: str
-    reward: float | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-    step: int | None = None
-    policy_version: int | None = None
-    prompt_ids: list[int] | None = None
-    response_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    trained: bool = False  # an episode the run trained on (its prompt is in the train split)
-
-
-@dataclass
-class Cause:
-    """One cause: ``found`` says whether the evidence points at it."""
-
-    name: str
-    found: bool
-    summary: str
-    evidence: list[str] = field(default_factory=list)
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,11 +77,6 @@ class Report:
                                "cosine": COSINE},
                 "causes": {c.name: {"found": c.found, "summary": c.summary,
                                     "evidence": c.evidence, **c.data} for c in self.causes}}
-
-
-def clip(text: str, n: int = 60) -> str:
-    """``text`` as JSON, cut to ``n`` characters."""
-    return json.dumps(text if len(text) <= n else text[:n - 3] + "...")
 
 
 # ----------------------------------------------------------------------------- inputs

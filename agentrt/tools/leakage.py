@@ -2,9 +2,9 @@
 answer in what the run trained on or remembers?
 
 Exact matches (case and whitespace aside) and embedding matches (cosine at least
-:data:`~agentrt.tools.debug.COSINE`) of the prompt and the answer against the run's training data (the
-task's train split, the rows of a preference data file) and the records of the FAISS memory
-banks in the run folder, and whether the prompt is in the train and the eval split at once.
+:data:`~agentrt.tools.evidence.COSINE`) of the prompt and the answer against the run's training
+data (the task's train split, the rows of a preference data file) and the records of the FAISS
+memory banks in the run folder, and whether the prompt is in the train and the eval split at once.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from agentrt.tools.debug import COSINE, MIN_ANSWER_CHARS, Cause, Sample, clip
+from agentrt.tools.evidence import COSINE, MIN_ANSWER_CHARS, Cause, Sample, clip
 
 
 def _norm(text: str) -> str:
