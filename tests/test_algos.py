@@ -7,18 +7,12 @@ import math
 import pytest
 import torch
 
-from agentrt.algos import (
-    ADVANTAGES,
-    KL_CONTROLLERS,
-    KL_ESTIMATORS,
-    POLICY_LOSSES,
-    AdvantageInputs,
-    aggregate,
-    entropy_from_logits,
-    masked_whiten,
-)
-from agentrt.config.sections import AlgorithmConfig, KLConfig
+from agentrt.algos import ADVANTAGES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES
+from agentrt.algos.advantages import AdvantageInputs, masked_whiten
+from agentrt.algos.losses import aggregate, entropy_from_logits
+from agentrt.algos.config import AlgorithmConfig, KLConfig
 from agentrt.core.registry import Registry
+from agentrt.core.types import GroupKey
 
 
 def algo(**kw):
@@ -71,10 +65,35 @@ def test_grpo_by_hand(norm_std, expected):
 def test_grpo_never_mixes_groups():
     cfg = algo()
     rewards = torch.tensor([[0, 1.0], [0, 0.0], [0, 5.0], [0, 5.0]])
+    p0, p1 = (GroupKey("x", "agent", p, task="ex0") for p in ("p0", "p1"))
     adv, _ = ADVANTAGES.get("grpo")(AdvantageInputs(rewards, torch.tensor([[0, 1.0]] * 4),
-                                                    ["x|p0", "x|p0", "x|p1", "x|p1"]), cfg)
+                                                    [p0, p0, p1, p1]), cfg)
     assert adv[2:].abs().sum() == 0  # equal rewards within its own group: no signal
     assert adv[0, 1] > 0 > adv[1, 1]
+
+
+def test_group_keys_round_trip_through_their_plain_form():
+    """``str(key)`` is the group id agentrt wrote before keys were typed (checkpoints, the
+    episode log); :meth:`GroupKey.parse` reads every form back to an equal key."""
+    env = 'TicTacToe-v0{"compact": true}'
+    keys = {
+        "Task-v0|agent_0|lm|ex3": GroupKey("Task-v0", "agent_0", "lm", task="ex3"),
+        "Maze-v0|agent|lm|seed=7": GroupKey("Maze-v0", "agent", "lm", seed=7),
+        f"{env}|player_1|lm|vs=lm@25,random": GroupKey(env, "player_1", "lm",
+                                                       opponents=("lm@25", "random")),
+        "Solo-v0|agent|lm|vs=": GroupKey("Solo-v0", "agent", "lm", opponents=()),
+        "ttt|player_0|lm": GroupKey("ttt", "player_0", "lm"),
+        "feedback|s4|Task-v0|agent_0|lm|ex3": GroupKey("Task-v0", "agent_0", "lm", task="ex3",
+                                                       replay_step=4),
+        "Maze-v0|agent|lm|seed=07": GroupKey("Maze-v0", "agent", "lm", task="seed=07"),
+    }
+    for text, key in keys.items():
+        assert str(key) == text and GroupKey.parse(text) == key
+    assert sorted(keys.values()) == [keys[t] for t in sorted(keys)]  # keys sort like the ids
+    with pytest.raises(ValueError, match="'prompt-17' is not '<env>"):
+        GroupKey.parse("prompt-17")
+    with pytest.raises(ValueError, match="at most one of task, seed and opponents"):
+        GroupKey("ttt", "player_0", "lm", task="ex0", seed=1)
 
 
 def test_rloo_by_hand():

@@ -254,9 +254,6 @@ class BTFit:
         """Strengths on the Elo scale (400 / ln 10 points per log-odds unit)."""
         return self.strength * ELO_PER_NATURAL_UNIT
 
-    def win_prob(self, i: int, j: int) -> float:
-        return 1.0 / (1.0 + math.exp(self.strength[j] - self.strength[i]))
-
 
 def fit_bradley_terry(matrix: WinMatrix, prior_sd: float = 10.0, anchor: str | None = None,
                       level: float = 0.95, max_iter: int = 100) -> BTFit:

@@ -155,9 +155,6 @@ class MatchResult:
                 f"{len(self.invalid_moves)} invalid-move counts"
             )
 
-    def score_of(self, seat: int) -> float:
-        return float(self.scores[seat])
-
 
 @dataclass(frozen=True)
 class SnapshotEvent:

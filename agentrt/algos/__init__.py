@@ -43,7 +43,7 @@ __getattr__, __dir__, _lazy = lazy_exports(__name__, globals(), {
     "agentrt.algos.losses": ("AGGREGATIONS", "aggregate", "entropy_from_logits",
                              "sft_token_loss", "value_token_loss"),
     "agentrt.algos.preference": ("PreferenceIndex", "preference_metrics", "sequence_logps"),
-    "agentrt.algos.rae": ("RAE_BASELINES", "RAEState", "rae_group_id", "use_rae_state"),
+    "agentrt.algos.rae": ("RAE_BASELINES", "RAEState", "use_rae_state"),
 })
 __all__ = ["ADVANTAGES", "KL_CONTROLLERS", "KL_ESTIMATORS", "POLICY_LOSSES", "PREFERENCE_LOSSES",
            *_lazy]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import torch
 
@@ -24,13 +24,15 @@ class AdvantageInputs:
         token_rewards: [B, T] reward at each token (outcome reward on a turn's last generated
             token, plus a per-token KL penalty when KL is placed in the reward).
         loss_mask: [B, T] 1.0 on generated tokens.
-        group_ids: B strings; group-relative baselines are computed within equal ids only.
+        group_ids: B group keys (the runner's ``GroupKey``; any hashable label for the
+            estimators that only ask which rows share a group); group-relative baselines are
+            computed within equal keys only.
         values: [B, T] critic values (GAE only).
     """
 
     token_rewards: torch.Tensor
     loss_mask: torch.Tensor
-    group_ids: list[str]
+    group_ids: list[Hashable]
     values: torch.Tensor | None = None
 
     @property
@@ -51,8 +53,9 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
 
-def _group_index(group_ids: list[str]) -> dict[str, list[int]]:
-    groups: dict[str, list[int]] = defaultdict(list)
+def _group_index(group_ids: list[Hashable]) -> dict[Hashable, list[int]]:
+    """Row indices of each group, groups in the order they first appear."""
+    groups: dict[Hashable, list[int]] = defaultdict(list)
     for i, g in enumerate(group_ids):
         groups[g].append(i)
     return groups

@@ -35,10 +35,11 @@ in a league whose learner first loses most games (and each new opponent group st
 again); folding per trajectory, it costs the first few tens of games of a group. The advantage is
 broadcast to every generated token of the sequence, like GRPO.
 
-State: the EMA lives in a :class:`RAEState` keyed by the trajectory's ``group_id``, which the
-caller builds with :func:`rae_group_id` as ``"env|role|policy"``, so different envs, roles and
-policies never share a baseline. The registered estimator keeps the one-signature rule
-``fn(inputs, cfg) -> (advantages, returns)`` and reads the *current* state: the process-wide
+State: the EMA lives in a :class:`RAEState` keyed by the trajectory's ``group_id``, a
+:class:`~agentrt.core.types.GroupKey` (the episode runner builds it; every key names its env,
+role and policy), so different envs, roles and policies never share a baseline. The registered
+estimator keeps the one-signature rule ``fn(inputs, cfg) -> (advantages, returns)`` and reads
+the *current* state: the process-wide
 :data:`RAE_BASELINES` unless a trainer selects its own with ``with use_rae_state(state): ...``.
 See docs/tournaments.md ("RAE") for what the trainer must do.
 """
@@ -53,20 +54,14 @@ from typing import Any, Iterator
 import torch
 
 from agentrt.algos.advantages import AdvantageInputs, _group_index
+from agentrt.core.types import GroupKey
 
 DEFAULT_ALPHA = 0.95  # SPIRAL's EMA decay
 
 
-def rae_group_id(env: str, role: str, policy_id: str) -> str:
-    """The group id RAE needs on every trajectory: ``"env|role|policy"``."""
-    for name, part in (("env", env), ("role", role), ("policy_id", policy_id)):
-        if not part or "|" in part:
-            raise ValueError(f"rae_group_id: {name} {part!r} must be non-empty without '|'")
-    return f"{env}|{role}|{policy_id}"
-
-
 class RAEState:
-    """EMA baselines per group id; thread-safe; serializable for checkpoints.
+    """EMA baselines per group key; thread-safe; serializable for checkpoints (keys as their
+    plain ``str`` form, :meth:`GroupKey.parse` back).
 
     Args:
         alpha: EMA decay (weight of the old baseline per update).
@@ -79,10 +74,10 @@ class RAEState:
         if init not in ("batch", "zero"):
             raise ValueError(f"RAE init must be 'batch' or 'zero', got {init!r}")
         self.alpha, self.init = alpha, init
-        self._b: dict[str, float] = {}
+        self._b: dict[GroupKey, float] = {}
         # Trajectories folded per group, for inspection (states saved before per-trajectory
         # folding counted batches; their baselines load and continue unchanged).
-        self._n: dict[str, int] = {}
+        self._n: dict[GroupKey, int] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -90,16 +85,16 @@ class RAEState:
         """The state an ``AlgorithmConfig`` asks for (``rae_alpha``, ``rae_init``)."""
         return cls(alpha=algo.rae_alpha, init=algo.rae_init)
 
-    def baseline(self, group_id: str) -> float:
+    def baseline(self, group_id: GroupKey) -> float:
         return self._b.get(group_id, 0.0)
 
-    def step(self, group_ids: list[str], scores: torch.Tensor, alpha: float | None = None
+    def step(self, group_ids: list[GroupKey], scores: torch.Tensor, alpha: float | None = None
              ) -> torch.Tensor:
         """Folds the batch into the EMAs one trajectory at a time, in batch order; returns the
         [B] baselines each trajectory was measured against (its group's, before its own fold).
 
         Args:
-            group_ids: B group ids.
+            group_ids: B group keys.
             scores: [B] episode returns.
             alpha: Overrides ``self.alpha`` for this update.
         """
@@ -120,17 +115,18 @@ class RAEState:
         return torch.tensor(base, dtype=scores.dtype)
 
     def state_dict(self, policy_id: str | None = None) -> dict[str, Any]:
-        """Baselines (all, or of one policy: groups ``"env|role|policy_id[|...]"``)."""
-        keep = [g for g in self._b if policy_id is None or g.split("|")[2:3] == [policy_id]]
+        """Baselines (all, or those of one policy), keyed by ``str(group key)``."""
+        keep = [g for g in self._b if policy_id is None or g.policy == policy_id]
         return {"alpha": self.alpha, "init": self.init,
-                "baselines": {g: [self._b[g], self._n[g]] for g in keep}}
+                "baselines": {str(g): [self._b[g], self._n[g]] for g in keep}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores baselines (merging: groups not in ``state`` are left as they are)."""
         with self._lock:
             self.alpha = float(state["alpha"])
             self.init = state.get("init", "zero")  # checkpoints from before ``init`` existed
-            for g, (b, n) in state["baselines"].items():
+            for text, (b, n) in state["baselines"].items():
+                g = GroupKey.parse(text)
                 self._b[g], self._n[g] = float(b), int(n)
 
     def reset(self) -> None:
@@ -165,11 +161,11 @@ def rae(inp: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     Shapes: returns ``(advantages [B, T], returns [B, T])`` zero off ``loss_mask``. The EMA
     decay is the state's (engines build it from ``algorithm.rae_alpha``, default 0.95).
     """
-    bad = [g for g in set(inp.group_ids) if len(g.split("|")) < 3 or not all(g.split("|"))]
+    bad = [g for g in dict.fromkeys(inp.group_ids)
+           if not (isinstance(g, GroupKey) and g.env and g.role and g.policy)]
     if bad:
-        raise ValueError(
-            f"rae needs group ids 'env|role|policy' (build them with rae_group_id); got {bad[:3]}"
-        )
+        raise ValueError(f"rae needs GroupKey group ids naming env, role and policy (the episode "
+                         f"runner builds them); got {bad[:3]}")
     scores = inp.scores
     base = current_rae_state().step(inp.group_ids, scores)  # alpha: the state's own
     adv = (scores - base)[:, None] * inp.loss_mask

@@ -49,12 +49,12 @@ def training_trajectories(trajs: list[Trajectory]) -> list[Trajectory]:
 
 def rae_regroup(traj: Trajectory) -> Trajectory:
     """RAE baselines last across steps, so their group is (env, seat, policy, opponents)
-    without snapshot versions: ``"TicTacToe-v0|player_0|lm|vs=lm"`` for every ``lm@k``; a new
-    snapshot continues its line's baseline instead of starting cold. (GRPO groups keep the
-    versions: they live within one step.)"""
-    env_part, agent, pid, _ = traj.group_id.rsplit("|", 3)
-    opponents = ",".join(o.split("@")[0] for o in traj.info.get("opponents", []))
-    return dataclasses.replace(traj, group_id=f"{env_part}|{agent}|{pid}|vs={opponents}")
+    without snapshot versions: opponents ``("lm",)`` for every ``lm@k`` (whatever the task or
+    seed), so a new snapshot continues its line's baseline instead of starting cold. (GRPO
+    groups keep the versions: they live within one step.)"""
+    opponents = tuple(o.split("@")[0] for o in traj.info.get("opponents", []))
+    group = dataclasses.replace(traj.group_id, task=None, seed=None, opponents=opponents)
+    return dataclasses.replace(traj, group_id=group)
 
 
 def outcome_pairs(trajs: list[Trajectory], policy_id: str) -> list[PreferenceExample]:

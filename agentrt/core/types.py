@@ -12,6 +12,7 @@ Position 0 therefore never carries loss.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from array import array
 from dataclasses import dataclass, field
@@ -56,17 +57,98 @@ class Turn:
             )
 
 
+@functools.total_ordering
+@dataclass(frozen=True)
+class GroupKey:
+    """Which trajectories share a baseline: everything a group must not mix, by name.
+
+    The episode runner builds one per trajectory; the estimators read its fields (RAE: env, role,
+    policy) and regrouping replaces one (``dataclasses.replace``). At most one of ``task``,
+    ``seed`` and ``opponents`` is set: what else the members have in common.
+
+    Attributes:
+        env: The env id, followed by its ``make`` kwargs' JSON unless they are ``{}``.
+        role: The agent (seat) that acted.
+        policy: The policy that acted (a snapshot keeps its ``@tag``).
+        task: The episode spec's ``group``: the prompt or task every member played ("ex3").
+        seed: The env seed, for envs whose seed fixes the task (``group_by_seed``).
+        opponents: The other seats' policy ids, in seat order.
+        replay_step: Late feedback: the step whose episodes this group trains again.
+
+    Plain-data form (checkpoints, the episode log): ``str(key)`` and its inverse
+    :meth:`parse`, ``[feedback|s<replay_step>|]<env>|<role>|<policy>[|<rest>]`` with rest the
+    task, ``seed=<seed>`` or ``vs=<opponent>,<opponent>...``: the group ids agentrt wrote before
+    keys were typed, so their RAE baselines and episode logs still load. Keys order like these
+    strings. A task should not itself look like ``seed=<int>``, ``vs=...`` or contain ``|``:
+    it would read back as another field.
+    """
+
+    env: str
+    role: str
+    policy: str
+    task: str | None = None
+    seed: int | None = None
+    opponents: tuple[str, ...] | None = None
+    replay_step: int | None = None
+
+    def __post_init__(self) -> None:
+        rest = [f for f in (self.task, self.seed, self.opponents) if f is not None]
+        if len(rest) > 1:
+            raise ValueError(f"a group key has at most one of task, seed and opponents: {self!r}")
+
+    def __str__(self) -> str:
+        parts = [self.env, self.role, self.policy]
+        if self.task is not None:
+            parts.append(self.task)
+        elif self.seed is not None:
+            parts.append(f"seed={self.seed}")
+        elif self.opponents is not None:
+            parts.append("vs=" + ",".join(self.opponents))
+        if self.replay_step is not None:
+            parts[:0] = ["feedback", f"s{self.replay_step}"]
+        return "|".join(parts)
+
+    def __lt__(self, other: GroupKey) -> bool:
+        if not isinstance(other, GroupKey):
+            return NotImplemented
+        return str(self) < str(other)
+
+    @classmethod
+    def parse(cls, text: str) -> GroupKey:
+        """The key whose ``str`` is ``text`` (see the class docstring)."""
+        replay_step = None
+        if text.startswith("feedback|s"):
+            step, _, text = text.removeprefix("feedback|s").partition("|")
+            replay_step = int(step)
+        parts = text.rsplit("|", 3)
+        if len(parts) < 3 or not all(parts[:3]):
+            raise ValueError(f"group key {text!r} is not '<env>|<role>|<policy>[|<rest>]'")
+        if len(parts) == 3:
+            return cls(*parts, replay_step=replay_step)
+        env, role, policy, rest = parts
+        if rest.startswith("vs="):
+            names = rest.removeprefix("vs=")
+            return cls(env, role, policy, opponents=tuple(names.split(",")) if names else (),
+                       replay_step=replay_step)
+        seed = rest.removeprefix("seed=")
+        if rest.startswith("seed=") and seed.lstrip("-").isdecimal() and str(int(seed)) == seed:
+            return cls(env, role, policy, seed=int(seed), replay_step=replay_step)
+        return cls(env, role, policy, task=rest, replay_step=replay_step)
+
+
 @dataclass
 class Trajectory:
     """One agent's turns in one episode, the unit of credit assignment.
 
     ``group_id`` names the set of trajectories that share a baseline for group-relative
-    estimators (GRPO, RLOO). Callers build it from everything that must not be mixed: the prompt
-    or game, the role and the policy, so baselines never cross agents or roles.
+    estimators (GRPO, RLOO): the episode runner's :class:`GroupKey`, built from everything that
+    must not be mixed (env, role, policy, prompt or opponents), so baselines never cross agents
+    or roles. Estimators that only ask which rows share a group take any hashable label (a
+    hand-built batch may use strings); RAE needs a :class:`GroupKey`.
     """
 
     turns: list[Turn]
-    group_id: str = ""
+    group_id: GroupKey | str = ""
     episode_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     env: str = ""
     role: str = "agent"
@@ -88,7 +170,8 @@ class Trajectory:
 
         Multi-turn episodes whose every prompt extends the previous turn's prompt + response (the
         episode runner builds them that way) become one sequence; otherwise each turn must be
-        trained as its own trajectory (see :func:`split_turns`).
+        trained as its own trajectory (``agentrt.controller.objectives.training_trajectories``
+        splits them so).
 
         Returns:
             ``(input_ids, loss_mask, old_logprobs, token_rewards)``, each of length T, aligned as
@@ -101,8 +184,8 @@ class Trajectory:
         for turn in self.turns:
             if ids and turn.prompt_ids[: len(ids)] != ids:
                 raise ValueError(
-                    "turn prompt does not extend the previous turns; train turns separately "
-                    "with split_turns()"
+                    "turn prompt does not extend the previous turns; train each turn as its "
+                    "own trajectory (agentrt.controller.objectives.training_trajectories)"
                 )
             new_ctx = turn.prompt_ids[len(ids) :]
             ids += new_ctx
@@ -120,17 +203,6 @@ class Trajectory:
         return ids, mask, logp, rew
 
 
-def split_turns(traj: Trajectory) -> list[Trajectory]:
-    """One trajectory per turn, keeping group, role and policy (for non-prefix multi-turn)."""
-    return [
-        Trajectory(
-            turns=[t], group_id=traj.group_id, episode_id=traj.episode_id, env=traj.env,
-            role=traj.role, policy_id=traj.policy_id, outcome=traj.outcome, info=traj.info,
-        )
-        for t in traj.turns
-    ]
-
-
 @dataclass
 class TrainBatch:
     """A right-padded batch of sequences, ready for the loss.
@@ -144,7 +216,7 @@ class TrainBatch:
     loss_mask: torch.Tensor
     old_logprobs: torch.Tensor
     token_rewards: torch.Tensor
-    group_ids: list[str]
+    group_ids: list[GroupKey | str]
     seq_rewards: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None

@@ -30,14 +30,14 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 from pydantic import Field
 
-from agentrt.envs import make_multi
+from agentrt.envs.registration import make_multi
 from agentrt.core.errors import AgentrtError, ConfigError
 from agentrt.policies.base import Action, ActRequest, Policy, as_policy
 from agentrt.runner.joint import act_all
 from agentrt.runner.record import EpisodeRecord, episode_results
 from agentrt.runner.vector import can_vectorize, run_vectorized
 from agentrt.core.schema import ConfigModel
-from agentrt.core.types import Trajectory, Turn
+from agentrt.core.types import GroupKey, Trajectory, Turn
 
 
 class RunnerConfig(ConfigModel):
@@ -76,8 +76,10 @@ class EpisodeSpec:
         seed: Env seed (default: derived from the runner seed and the spec's position).
         env_kwargs: Keyword arguments of ``make``.
         options: Passed to ``env.reset(options=...)``.
-        group: Group key for baselines (default: the seed for single-agent envs whose seed fixes
-            the task, else the opponents' policy ids).
+        group: What its trajectories' baseline groups share besides env, role and policy (the
+            :class:`~agentrt.core.types.GroupKey`'s ``task``): the prompt or task, e.g. "ex3"
+            (default: the seed for single-agent envs whose seed fixes the task, else the
+            opponents' policy ids).
         episode_id: The record's ``episode_id`` (default: 128 random bits as hex). A league
             passes its match id, so a replayed episode keeps its id (memory writes key on it).
     """
@@ -329,21 +331,21 @@ class EpisodeRunner:
     def _trajectory(self, ep: _Episode, agent: str, pid: str, turns: list[Turn],
                     record: EpisodeRecord) -> Trajectory:
         opponents = [ep.seats[a] for a in ep.seats if a != agent]
-        if ep.spec.group is not None:
-            key = ep.spec.group
-        elif getattr(ep.env, "group_by_seed", False):
-            key = f"seed={ep.seed}"
-        else:
-            key = "vs=" + ",".join(opponents)
         kwargs = ep.key[len(ep.spec.env):]  # the kwargs' JSON (_start)
         env_id = ep.spec.env if kwargs == "{}" else f"{ep.spec.env}{kwargs}"
+        if ep.spec.group is not None:
+            group = GroupKey(env_id, agent, pid, task=ep.spec.group)
+        elif getattr(ep.env, "group_by_seed", False):
+            group = GroupKey(env_id, agent, pid, seed=ep.seed)
+        else:
+            group = GroupKey(env_id, agent, pid, opponents=tuple(opponents))
         result = record.results[agent]
         score = {"win": 1.0, "draw": 0.5, "loss": 0.0}
         outcome = ep.returns[agent] if len(ep.seats) == 1 else score[result]
         info = {"seat": ep.seat_of[agent], "result": result, "return": ep.returns[agent],
                 "opponents": opponents, "env_seed": ep.seed, "ended_by": record.ended_by,
                 "invalid_actions": ep.invalid[agent], "final_info": record.final_infos[agent]}
-        return Trajectory(turns=turns, group_id=f"{env_id}|{agent}|{pid}|{key}",
+        return Trajectory(turns=turns, group_id=group,
                           episode_id=ep.id, env=ep.spec.env, role=agent, policy_id=pid,
                           outcome=outcome, info=info)
 

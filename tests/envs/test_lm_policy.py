@@ -10,7 +10,7 @@ from agentrt.config.sections import ModelConfig, PolicyConfig
 from agentrt.runtime.learner import HybridEngine
 from agentrt.policies import LMPolicy, PromptTemplate, RandomPolicy, bank_memory
 from agentrt.runner import EpisodeRunner, RunnerConfig, specs
-from agentrt.core.types import collate
+from agentrt.core.types import GroupKey, collate
 
 SHORT = PromptTemplate(first="{observation}\n> ", turn="\n{observation}\n> ")
 
@@ -41,7 +41,9 @@ def test_self_play_gives_token_exact_per_role_trajectories(engine) -> None:
     assert all(len(t.turns) >= 2 for t in trajs), "each agent speaks at least twice"
     for t in trajs:
         _check_token_exact(t)
-        assert t.group_id.startswith('Bargain-v0{"max_turns": 4}|' + f"{t.role}|lm|vs=lm")
+        assert t.group_id == GroupKey('Bargain-v0{"max_turns": 4}', t.role, "lm",
+                                      opponents=("lm",))
+        assert str(t.group_id) == f'Bargain-v0{{"max_turns": 4}}|{t.role}|lm|vs=lm'  # logged
         assert t.info["seat"] == int(t.role[-1])
         assert all(turn.role == t.role and turn.policy_id == "lm" for turn in t.turns)
         assert all(turn.policy_version == engine.version for turn in t.turns)
@@ -76,7 +78,7 @@ def test_tool_use_history_appends_tool_output_as_tokens(engine) -> None:
     result = runner.run(specs("ToolUse-v0", ("lm",), 3))
     for t in result.trajectories:
         _check_token_exact(t)
-        assert t.group_id.endswith(f"seed={t.info['env_seed']}")
+        assert t.group_id == GroupKey("ToolUse-v0", t.role, "lm", seed=t.info["env_seed"])
     multi = [t for t in result.trajectories if len(t.turns) > 1]
     assert multi
     second = multi[0].turns[1]

@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from agentrt.algos import ADVANTAGES, RAE_BASELINES, AdvantageInputs, RAEState, rae_group_id
-from agentrt.algos import use_rae_state
-from agentrt.config.sections import AlgorithmConfig
+from agentrt.algos import ADVANTAGES
+from agentrt.algos.advantages import AdvantageInputs
+from agentrt.algos.config import AlgorithmConfig
+from agentrt.algos.rae import RAE_BASELINES, RAEState, use_rae_state
+from agentrt.core.types import GroupKey
 
 
-def _inputs(scores: list[float], groups: list[str], width: int = 6) -> AdvantageInputs:
+def _inputs(scores: list[float], groups: list[GroupKey], width: int = 6) -> AdvantageInputs:
     rewards = torch.zeros(len(scores), width)
     mask = torch.zeros(len(scores), width)
     mask[:, 2:5] = 1.0
@@ -22,12 +24,12 @@ def _inputs(scores: list[float], groups: list[str], width: int = 6) -> Advantage
     return AdvantageInputs(token_rewards=rewards, loss_mask=mask, group_ids=groups)
 
 
-def _spiral_reference(batches: list[tuple[list[str], list[float]]], alpha: float, init: str
-                      ) -> tuple[list[list[float]], dict[str, float]]:
+def _spiral_reference(batches: list[tuple[list[GroupKey], list[float]]], alpha: float, init: str
+                      ) -> tuple[list[list[float]], dict[GroupKey, float]]:
     """RAE as SPIRAL's ``prepare_trajectories`` does it, one game at a time: take the baseline
     before updating (a game is never in its own baseline), fold the game's return into the EMA,
     subtract. ``init="batch"``: a group without a baseline starts at its first batch's mean."""
-    ema: dict[str, float] = {}
+    ema: dict[GroupKey, float] = {}
     advantages = []
     for groups, returns in batches:
         if init == "batch":
@@ -48,11 +50,12 @@ def _spiral_reference(batches: list[tuple[list[str], list[float]]], alpha: float
 def test_estimator_folds_each_trajectory_like_spirals_per_game_loop(init: str) -> None:
     rng = np.random.default_rng(0)
     cfg = AlgorithmConfig(advantage="rae")
-    roles = [rae_group_id("ttt", r, "lm") for r in ("player_0", "player_1")]
-    late = rae_group_id("kuhn", "player_0", "lm")  # appears from the third batch on
+    roles = [GroupKey("ttt", r, "lm") for r in ("player_0", "player_1")]
+    late = GroupKey("kuhn", "player_0", "lm")  # appears from the third batch on
     batches = []
     for step in range(6):
-        groups = [str(g) for g in rng.choice(roles + [late] * (step >= 2), size=24)]
+        pool = roles + [late] * (step >= 2)
+        groups = [pool[i] for i in rng.choice(len(pool), size=24)]
         batches.append((groups, [float(x) for x in rng.choice([-1.0, 0.0, 1.0], size=24)]))
     want_adv, want_base = _spiral_reference(batches, alpha=0.8, init=init)
     with use_rae_state(RAEState(alpha=0.8, init=init)) as state:
@@ -65,7 +68,7 @@ def test_estimator_folds_each_trajectory_like_spirals_per_game_loop(init: str) -
 def test_baseline_follows_a_change_of_win_rate_within_one_step() -> None:
     """64 games of one group per step: the baseline is 96% of the way to a new mean after one
     step (1 - 0.95^64), where folding one batch mean per step took ~60 steps."""
-    g = rae_group_id("ttt", "player_0", "lm")
+    g = GroupKey("ttt", "player_0", "lm")
     state = RAEState(alpha=0.95)
     state.step([g] * 64, -torch.ones(64))  # a learner that loses every game ...
     state.step([g] * 64, torch.ones(64))  # ... then wins every game
@@ -74,7 +77,7 @@ def test_baseline_follows_a_change_of_win_rate_within_one_step() -> None:
 
 def test_zero_init_measures_each_trajectory_before_folding_it() -> None:
     cfg = AlgorithmConfig(advantage="rae")
-    g0, g1 = rae_group_id("ttt", "player_0", "lm"), rae_group_id("ttt", "player_1", "lm")
+    g0, g1 = GroupKey("ttt", "player_0", "lm"), GroupKey("ttt", "player_1", "lm")
     with use_rae_state(RAEState(alpha=0.5, init="zero")) as state:
         adv, ret = ADVANTAGES.get("rae")(_inputs([1.0, 0.0, -1.0], [g0, g0, g1]), cfg)
         # g0: b = 0, A = 1, b <- 0.5; then A = 0 - 0.5, b <- 0.25. g1: b = 0, A = -1, b <- -0.5
@@ -89,7 +92,7 @@ def test_zero_init_measures_each_trajectory_before_folding_it() -> None:
 
 def test_batch_init_starts_each_new_group_at_its_first_batch_mean() -> None:
     cfg = AlgorithmConfig(advantage="rae")
-    g0, g1 = rae_group_id("ttt", "player_0", "lm"), rae_group_id("ttt", "player_1", "lm")
+    g0, g1 = GroupKey("ttt", "player_0", "lm"), GroupKey("ttt", "player_1", "lm")
     with use_rae_state(RAEState(alpha=0.5)) as state:  # init="batch", the default
         adv, _ = ADVANTAGES.get("rae")(_inputs([-1.0, -1.0, 0.0], [g0, g0, g0]), cfg)
         # A learner that loses most first games is not pushed away from every move it made:
@@ -111,8 +114,8 @@ def test_role_baselines_remove_the_first_mover_bias() -> None:
     about +-0.4 per step; per-role baselines bring each role's mean advantage to ~0."""
     rng = np.random.default_rng(0)
     cfg = AlgorithmConfig(advantage="rae")
-    g0, g1 = rae_group_id("ttt", "player_0", "lm"), rae_group_id("ttt", "player_1", "lm")
-    shared = "ttt|any|lm"
+    g0, g1 = GroupKey("ttt", "player_0", "lm"), GroupKey("ttt", "player_1", "lm")
+    shared = GroupKey("ttt", "any", "lm")
     per_role, pooled = {g0: [], g1: []}, {g0: [], g1: []}
     with use_rae_state(RAEState()):
         for step in range(300):
@@ -131,8 +134,8 @@ def test_role_baselines_remove_the_first_mover_bias() -> None:
 
 def test_groups_of_other_policies_and_envs_never_mix() -> None:
     cfg = AlgorithmConfig(advantage="rae")
-    ids = [rae_group_id("ttt", "player_0", "lm"), rae_group_id("ttt", "player_0", "other"),
-           rae_group_id("kuhn", "player_0", "lm")]
+    ids = [GroupKey("ttt", "player_0", "lm"), GroupKey("ttt", "player_0", "other"),
+           GroupKey("kuhn", "player_0", "lm")]
     with use_rae_state(RAEState(alpha=0.0)) as state:  # alpha 0: baseline = last return
         ADVANTAGES.get("rae")(_inputs([1.0, -1.0, 0.5], ids), cfg)
         assert [state.baseline(g) for g in ids] == [1.0, -1.0, 0.5]
@@ -140,19 +143,19 @@ def test_groups_of_other_policies_and_envs_never_mix() -> None:
 
 def test_bad_group_ids_are_rejected() -> None:
     cfg = AlgorithmConfig(advantage="rae")
-    with use_rae_state(RAEState()), pytest.raises(ValueError, match="env\\|role\\|policy"):
-        ADVANTAGES.get("rae")(_inputs([1.0], ["prompt-17"]), cfg)
-    with pytest.raises(ValueError, match="role"):
-        rae_group_id("ttt", "", "lm")
+    with use_rae_state(RAEState()):
+        for bad in ("prompt-17", GroupKey("ttt", "", "lm")):
+            with pytest.raises(ValueError, match="rae needs GroupKey group ids naming env, role"):
+                ADVANTAGES.get("rae")(_inputs([1.0], [bad]), cfg)
 
 
 def test_state_round_trips_per_policy_for_checkpoints() -> None:
     state = RAEState(alpha=0.9, init="zero")
-    ids = [rae_group_id("ttt", "player_0", "lm"), rae_group_id("ttt", "player_1", "lm") + "|vs=b",
-           rae_group_id("ttt", "player_0", "other")]
+    ids = [GroupKey("ttt", "player_0", "lm"), GroupKey("ttt", "player_1", "lm", opponents=("b",)),
+           GroupKey("ttt", "player_0", "other")]
     state.step(ids, torch.tensor([1.0, -1.0, 0.5]))
     saved = json.loads(json.dumps(state.state_dict(policy_id="lm")))
-    assert set(saved["baselines"]) == set(ids[:2])  # league groups add the opponent
+    assert list(saved["baselines"]) == ["ttt|player_0|lm", "ttt|player_1|lm|vs=b"]  # plain
     restored = RAEState()
     restored.load_state_dict(saved)
     assert restored.alpha == 0.9 and restored.init == "zero"
@@ -162,13 +165,33 @@ def test_state_round_trips_per_policy_for_checkpoints() -> None:
 
 
 def test_checkpoints_saved_with_per_batch_folding_still_load() -> None:
-    g = rae_group_id("ttt", "player_0", "lm")
-    old = {"alpha": 0.5, "baselines": {g: [0.25, 7]}}  # before ``init``; n counted batches
+    g = GroupKey("ttt", "player_0", "lm")
+    # saved before ``init`` existed, n counting batches
+    old = {"alpha": 0.5, "baselines": {"ttt|player_0|lm": [0.25, 7]}}
     state = RAEState()
     state.load_state_dict(json.loads(json.dumps(old)))
     base = state.step([g, g], torch.tensor([1.0, -1.0]))
     assert base.tolist() == [0.25, pytest.approx(0.625)]  # continues from the saved baseline
-    assert state.state_dict()["baselines"][g] == [pytest.approx(-0.1875), 9]
+    assert state.state_dict()["baselines"]["ttt|player_0|lm"] == [pytest.approx(-0.1875), 9]
+
+
+def test_checkpoints_with_string_group_ids_continue_the_runners_keys() -> None:
+    """A league checkpoint written when group ids were strings: each baseline continues under
+    the key the runner and ``rae_regroup`` build now, and saves back to the same string."""
+    from agentrt.controller.objectives import rae_regroup
+    from agentrt.core.types import Trajectory, Turn
+
+    env = 'TicTacToe-v0{"compact": true}'
+    old = {"alpha": 0.5, "init": "batch",
+           "baselines": {f"{env}|player_1|lm|vs=lm": [0.5, 3], f"{env}|player_0|lm|vs=": [0.0, 1]}}
+    state = RAEState()
+    state.load_state_dict(json.loads(json.dumps(old)))
+    played = Trajectory([Turn([1], [2], [0.0])], info={"opponents": ["lm@25"]},
+                        group_id=GroupKey(env, "player_1", "lm", opponents=("lm@25",)))
+    g = rae_regroup(played).group_id
+    assert state.step([g], torch.tensor([1.0])).tolist() == [0.5]
+    assert state.state_dict()["baselines"] == {f"{env}|player_1|lm|vs=lm": [0.75, 4],
+                                               f"{env}|player_0|lm|vs=": [0.0, 1]}
 
 
 def test_rae_on_collated_multi_turn_trajectories() -> None:
@@ -178,7 +201,7 @@ def test_rae_on_collated_multi_turn_trajectories() -> None:
     def traj(role: str, outcome: float) -> Trajectory:
         t1 = Turn([1, 2], [3, 4], [-0.1, -0.2], role=role, policy_id="lm")
         t2 = Turn([1, 2, 3, 4, 5], [6], [-0.3], reward=outcome, role=role, policy_id="lm")
-        return Trajectory([t1, t2], group_id=rae_group_id("ttt", role, "lm"), env="ttt",
+        return Trajectory([t1, t2], group_id=GroupKey("ttt", role, "lm"), env="ttt",
                           role=role, policy_id="lm", outcome=outcome)
 
     batch = collate([traj("player_0", 1.0), traj("player_1", -1.0)])
@@ -187,13 +210,13 @@ def test_rae_on_collated_multi_turn_trajectories() -> None:
         ADVANTAGES.get("rae")(inputs, AlgorithmConfig(advantage="rae"))
         adv, _ = ADVANTAGES.get("rae")(inputs, AlgorithmConfig(advantage="rae"))
     # baselines after one batch: +0.5 and -0.5; advantages only on the 3 generated tokens
-    assert state.baseline("ttt|player_0|lm") == pytest.approx(0.75)
+    assert state.baseline(GroupKey("ttt", "player_0", "lm")) == pytest.approx(0.75)
     assert torch.allclose(adv[0], torch.tensor([0, 0, 0.5, 0.5, 0, 0.5]))
     assert torch.allclose(adv[1], torch.tensor([0, 0, -0.5, -0.5, 0, -0.5]))
 
 
 def test_league_configs_default_to_rae_for_zero_sum_games() -> None:
-    from agentrt.config.sections import validate_config
+    from agentrt.config.load import validate_config
     from agentrt.tournaments.run_config import TournamentRunConfig
 
     def advantages(envs: list[str], *algos: dict) -> list[str]:
@@ -212,10 +235,16 @@ def test_league_rae_groups_drop_snapshot_versions() -> None:
     from agentrt.controller.objectives import rae_regroup
     from agentrt.core.types import Trajectory, Turn
 
+    env = 'TicTacToe-v0{"compact": true}'
+
     def traj(opponent: str) -> Trajectory:
-        return Trajectory([Turn([1], [2], [0.0])], group_id=f'TicTacToe-v0{{"compact": true}}'
-                          f"|player_1|lm|vs={opponent}", info={"opponents": [opponent]})
+        return Trajectory([Turn([1], [2], [0.0])], info={"opponents": [opponent]},
+                          group_id=GroupKey(env, "player_1", "lm", opponents=(opponent,)))
 
     groups = {rae_regroup(traj(o)).group_id for o in ("lm@0", "lm@25", "lm@50")}
-    assert groups == {'TicTacToe-v0{"compact": true}|player_1|lm|vs=lm'}
-    assert rae_regroup(traj("random")).group_id.endswith("|player_1|lm|vs=random")
+    assert groups == {GroupKey(env, "player_1", "lm", opponents=("lm",))}
+    assert str(groups.pop()) == f"{env}|player_1|lm|vs=lm"  # the id checkpoints hold
+    assert rae_regroup(traj("random")).group_id.opponents == ("random",)
+    replayed = Trajectory([Turn([1], [2], [0.0])],  # late feedback on a prompt: its own group
+                          group_id=GroupKey("Task-v0", "agent_0", "lm", task="ex3", replay_step=4))
+    assert str(rae_regroup(replayed).group_id) == "feedback|s4|Task-v0|agent_0|lm|vs="

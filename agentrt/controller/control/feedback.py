@@ -16,7 +16,8 @@ def feedback_groups(run_dir: Path, pending: dict[str, float], step: int, max_sta
     value): each episode's prompt group from the episode log, its rewards replaced where
     feedback came, as one group (the logged group key with ``replay_step``: its string is
     ``feedback|s<step>|<group>``); the ``control/feedback/`` metrics; and the feedback
-    deferred to the next step (the groups past the ``max_groups`` oldest). Episodes more than ``max_staleness`` steps older than ``step`` are dropped."""
+    deferred to the next step (the groups past the ``max_groups`` oldest). Episodes more than
+    ``max_staleness`` steps older than ``step`` are dropped."""
     from agentrt.controller.episodes import EpisodeLog
     from agentrt.core.types import GroupKey, Trajectory, Turn
 

@@ -140,7 +140,7 @@ class RedisSource(SourceBase):
         if self.opts.episodes_stream is None:
             return
         for traj in trajectories:
-            index = int(traj.group_id.rsplit("|", 1)[-1].removeprefix("ex"))
+            index = int(traj.group_id.task.removeprefix("ex"))  # PromptWorkload.specs' "ex<i>"
             entry_id, ex = self.drawn[index]
             self.outbox.append({"prompt_id": entry_id, "step": step, "prompt": ex.prompt,
                                 "response": traj.turns[0].info.get("action", ""),
