@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrt.controller.versions import diff, read_versions
+from agentrt.controller.versions import diff, provenance, read_versions, source_sha
 
 AGENTRT = [sys.executable, "-m", "agentrt.cli"]
 REWARDS = textwrap.dedent('''
@@ -107,3 +107,16 @@ def test_unknown_versions_are_one_line(runs: Path) -> None:
         "arith@v2\n")
     empty = cli("policies", "ls", str(runs), cwd=runs)
     assert empty.returncode == 2 and "has no versions.json" in empty.stderr
+
+
+def test_a_decomposer_run_hashes_its_family_source() -> None:
+    """The family's class source is the reward of a decomposer run (its verifiers pay); versions
+    finds the decomposer's registry without importing it (a layer above)."""
+    from agentrt.decomposer.families.wordchain import WordChain
+
+    family = {"name": "wordchain", "options": {}, "seed": 3, "train_size": 8}
+    got = provenance({"family": family}, Path("."))
+    assert got["data"] == {"family": family}
+    assert got["reward"] == {"wordchain": source_sha(WordChain)} and source_sha(WordChain)
+    unknown = provenance({"family": {**family, "name": "nope"}}, Path("."))
+    assert unknown["reward"] == {"nope": None}

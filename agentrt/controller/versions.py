@@ -28,7 +28,7 @@ from typing import Any
 from agentrt.controller.checkpoint import sha256_of
 from agentrt.core.errors import ConfigError
 from agentrt.controller.identity import differences, read_identity
-from agentrt.core.registry import import_callable
+from agentrt.core.registry import REGISTRIES, import_callable
 
 VERSIONS = "versions.json"
 #: Metrics ``ls`` and ``diff`` show: a version's held-out figures and its training reward.
@@ -76,12 +76,12 @@ def provenance(config: dict[str, Any], base: Path) -> dict[str, Any]:
         data.setdefault("envs", {})[env["id"]] = env.get("kwargs") or {}
         reward[env["id"]] = source_sha(target) if target is not None else None
     if config.get("family"):  # the decomposer: the family's verifiers pay
-        from agentrt.decomposer.sdk import FAMILIES
-
+        # agentrt.decomposer.sdk's registry (a layer above), loaded by the decomposer's run
+        families = REGISTRIES.get("task family")
         f = config["family"]
         data["family"] = {k: f.get(k) for k in ("name", "options", "seed", "train_size")}
-        reward[f["name"]] = source_sha(FAMILIES.get(f["name"])) if f["name"] in FAMILIES \
-            else None
+        known = families is not None and f["name"] in families
+        reward[f["name"]] = source_sha(families.get(f["name"])) if known else None
     return {"data": data, "reward": reward}
 
 

@@ -9,6 +9,11 @@ from agentrt.core.errors import ConfigError
 
 T = TypeVar("T")
 
+#: Every registry by its kind ("reward", "task family", ...), the newest of a kind: code in a layer
+#: below a registry's reads it here (agentrt.controller.versions hashes the task families that
+#: agentrt.decomposer.sdk defines, a layer up).
+REGISTRIES: dict[str, Registry[Any]] = {}
+
 
 class Registry(Generic[T]):
     """A name -> object map where a duplicate name raises and an unknown name lists valid ones.
@@ -26,6 +31,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
+        REGISTRIES[kind] = self
 
     def register(self, name: str) -> Callable[[T], T]:
         def wrap(obj: T) -> T:
