@@ -30,11 +30,12 @@ from agentrt.tournaments.session import Tournament
 from agentrt.tournaments.types import Match, MatchResult
 
 from agentrt.config.sections import SFTConfig
+from agentrt.controller import objectives
+from agentrt.controller.episodes import EPISODES
 from agentrt.controller.identity import read_identity
 from agentrt.controller.launch import Run
 from agentrt.controller.loop import Controller, greedy
 from agentrt.controller.objectives import outcome_pairs, training_trajectories
-from agentrt.controller.progress import StepProgress
 from agentrt.controller.workload import Workload
 from agentrt.core.types import Turn
 from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunResult
@@ -87,7 +88,12 @@ class LeagueWorkload(Workload):
     """Matches of a tournament for the controller loop (see the module docstring)."""
 
     label = "league"
-    outputs = ("matches.sqlite*", "report.html", "final_models", "memory")  # + RunDir.outputs
+    outputs = ("matches.sqlite*", "report.html", "final_models", "memory",
+               f"{EPISODES}*")  # + RunDir.outputs
+    live = ("train.games_per_step",)  # + each policy's sampling and LR, the shared fields
+    refused = {"inject": "a league plays scheduled matches; it has no prompts to inject",
+               "feedback": "a match's reward is its outcome (win, draw, loss), known when it "
+               "ends; there is no late reward to give"}
 
     def __init__(self, cfg: TournamentRunConfig) -> None:
         super().__init__(cfg)
@@ -118,6 +124,14 @@ class LeagueWorkload(Workload):
         self.tournament = Tournament(ctl.run_dir.path, cfg.schedule, cfg.entrants(),
                                      [e.id for e in cfg.envs], seed=cfg.seed, seats=self.seats)
 
+    def reconfigure(self, ctl: Controller, cfg: TournamentRunConfig) -> None:
+        """Live values (:meth:`Workload.reconfigure`); each policy's player is made again from
+        its new config, with its memory (frozen opponents keep theirs)."""
+        super().reconfigure(ctl, cfg)
+        self.policy_cfgs = {p.id: p for p in cfg.policies}
+        self.lm = {pid: LMPolicy(ctl.handle(pid), self.templates, memory=lm.memory)
+                   for pid, lm in self.lm.items()}
+
     # ------------------------------------------------------------------ warm start
     def warm_start(self, ctl: Controller) -> dict[str, float]:
         """Behaviour cloning of the teacher's legal moves (teaches the action format only); then
@@ -130,23 +144,22 @@ class LeagueWorkload(Workload):
             teacher = Teacher(self.lm[pid], scripted_factory(ws.teacher)(seed=cfg.seed + 1))
             runner = EpisodeRunner({"teacher": teacher},
                                    cfg.runner.model_copy(update={"seed": cfg.seed + 2}))
-            bar = StepProgress(ws.steps, enabled=self.progress, label=f"warm start {pid}")
-            for i in range(ws.steps):
-                specs = [EpisodeSpec(e.id, ("teacher",) * len(self.seats[e.id]),
-                                     seed=cfg.seed * 1_000_003 + i * ws.games_per_step + j,
-                                     env_kwargs=dict(e.kwargs))
-                         for e in cfg.envs for j in range(ws.games_per_step)]
-                data = training_trajectories(runner.run(specs).trajectories)
-                metrics = ctl.sft_step(pid, data, sft)
-                bar.update(i + 1, {"sft/loss": metrics["sft/loss"]})
-            bar.close()
-            ctl.end_sft(pid)  # version 0 again; KL (when on) is to the warm-started policy
+            metrics = objectives.sft(ctl, pid, lambda i: training_trajectories(runner.run(
+                self._teacher_games(i)).trajectories), sft, ws.steps, self.progress,
+                f"warm start {pid}")
         self.memory.forget_after(-1)  # a fresh start: what an earlier start wrote in Redis
         versions = ctl.versions()
         for pid in self.learners:
             ctl.snapshot(pid, 0)
         self.tournament.on_step(0, {pid: versions[pid] for pid in self.learners})
         return metrics
+
+    def _teacher_games(self, i: int) -> list[EpisodeSpec]:
+        """Warm-start step ``i``'s games of the teacher against itself, in every env."""
+        n, seed = self.cfg.warm_start.games_per_step, self.cfg.seed
+        return [EpisodeSpec(e.id, ("teacher",) * len(self.seats[e.id]),
+                            seed=seed * 1_000_003 + i * n + j, env_kwargs=dict(e.kwargs))
+                for e in self.cfg.envs for j in range(n)]
 
     # ------------------------------------------------------------------ one step
     def next_episodes(self, step: int) -> list[EpisodeSpec]:

@@ -8,6 +8,9 @@
   :class:`~agentrt.runtime.preference.PreferenceExample` (offline data); episodes are turned into pairs,
   ranked by reward within a prompt group (single-agent tasks) or by match outcome (games,
   :func:`outcome_pairs`).
+- SFT (:func:`sft`): a warm start's steps of cross-entropy on demonstrations, the same for every
+  workload; each hands it its batches (task demonstrations, a scripted teacher's games,
+  reference subtask outputs).
 
 A league can mix objectives: each learner's data goes through its own.
 """
@@ -15,11 +18,17 @@ A league can mix objectives: each learner's data goes through its own.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
-from agentrt.config.sections import PolicyConfig
-from agentrt.runtime.preference import PreferenceExample, best_worst_pairs, pair_turns, tournament_pairs
+from agentrt.config.sections import PolicyConfig, SFTConfig
+from agentrt.controller.progress import StepProgress
 from agentrt.core.types import Trajectory, Turn
+from agentrt.runtime.preference import (
+    PreferenceExample,
+    best_worst_pairs,
+    pair_turns,
+    tournament_pairs,
+)
 
 
 def training_trajectories(trajs: list[Trajectory]) -> list[Trajectory]:
@@ -127,3 +136,18 @@ def learn(pool: Any, pid: str, cfg: PolicyConfig, data: list[Any], pairs: str = 
     if not trajs:
         return {}
     return pool.train(trajs, adapter=pid)
+
+
+def sft(ctl: Any, pid: str, batch: Callable[[int], list[Trajectory]], cfg: SFTConfig,
+        steps: int, progress: bool, label: str) -> dict[str, float]:
+    """The SFT warm start of policy ``pid``: ``steps`` steps on ``batch(i)`` (trajectories whose
+    loss mask marks the demonstrated tokens), then the warm start ends (RL starts from version 0;
+    KL, when on, is to the warm-started policy). Returns the last step's metrics."""
+    bar = StepProgress(steps, enabled=progress, label=label)
+    metrics: dict[str, float] = {}
+    for i in range(steps):
+        metrics = ctl.sft_step(pid, batch(i), cfg)
+        bar.update(i + 1, {"sft/loss": metrics["sft/loss"]})
+    bar.close()
+    ctl.end_sft(pid)
+    return metrics

@@ -15,15 +15,18 @@ from typing import Any
 
 import torch
 
-from agentrt.controller.episodes import EPISODES, EpisodeLog, step_episodes
+from agentrt.controller import objectives
+from agentrt.controller.episodes import EPISODES
 from agentrt.controller.launch import Run
 from agentrt.controller.loop import Controller, greedy
 from agentrt.controller.workload import Workload
 from agentrt.core.types import Trajectory, Turn
 from agentrt.envs.tasks import Example, encode_texts, prompt_head
 from agentrt.policies.lm import LMPolicy, PromptTemplate
-from agentrt.rewards import build_executor, check_reward, exact_match, sources_of
+from agentrt.rewards import exact_match
 from agentrt.rewards.deferred import score_trajectories, trainable
+from agentrt.rewards.executors import build_executor
+from agentrt.rewards.sources import check_reward, sources_of
 from agentrt.runner.core import EpisodeSpec, RunnerConfig, RunResult
 from agentrt.runtime.shared_model import resolve_device
 from agentrt.workloads.prompts.config import TrainConfig
@@ -62,23 +65,13 @@ def demonstrations(tokenizer: Any, examples: list[Example],
 
 def sft_warm_start(ctl: Controller, pid: str, examples: list[Example] | Any, sft: Any,
                    steps: int, seed: int, progress: bool, label: str) -> dict[str, float]:
-    """``steps`` SFT steps of ``pid`` on batches drawn from ``examples`` (a list, or a prompt
-    source's ``demonstrations`` with ``next(n)``), then the warm start ends (RL starts from
-    version 0; KL to the warm-started policy). Returns the last metrics."""
-    from agentrt.controller.progress import StepProgress
-
+    """The SFT objective (:func:`agentrt.controller.objectives.sft`) on batches drawn from
+    ``examples`` (a list, or a prompt source's ``demonstrations`` with ``next(n)``)."""
     sampler = examples if hasattr(examples, "next") else PromptSampler(examples, seed + 1)
     tokenizer = ctl.tokenizer(pid)
-    bar = StepProgress(steps, enabled=progress, label=label)
-    metrics: dict[str, float] = {}
     cache: dict[str, list[int]] = {}
-    for i in range(steps):
-        batch = demonstrations(tokenizer, sampler.next(sft.batch_size), cache)
-        metrics = ctl.sft_step(pid, batch, sft)
-        bar.update(i + 1, {"sft/loss": metrics["sft/loss"]})
-    bar.close()
-    ctl.end_sft(pid)
-    return metrics
+    return objectives.sft(ctl, pid, lambda i: demonstrations(
+        tokenizer, sampler.next(sft.batch_size), cache), sft, steps, progress, label)
 
 
 class PromptWorkload(Workload):
@@ -86,6 +79,7 @@ class PromptWorkload(Workload):
 
     label = "train"
     outputs = ("final_model", f"{EPISODES}*")  # besides RunDir.outputs (and the log journal)
+    live = ("train.prompts_per_step", "train.group_size")  # + the policy's, the shared ones
 
     def __init__(self, cfg: TrainConfig) -> None:
         super().__init__(cfg)
@@ -107,6 +101,15 @@ class PromptWorkload(Workload):
     @property
     def policies(self) -> list[Any]:
         return [self.cfg.policy]
+
+    def policy_sections(self) -> list[tuple[str, Any]]:
+        return [("policy", self.cfg.policy)]
+
+    def refusal(self, command: str) -> str | None:
+        if self.offline and command in ("feedback", "inject"):
+            return ("this run trains on offline preference data (data.path): it plays no "
+                    "episodes and samples no prompts")
+        return None
 
     def specs(self, examples: list[Example], group: bool) -> list[EpisodeSpec]:
         """``Task-v0`` episodes of ``examples``: the spec carries each example to the env
@@ -147,13 +150,9 @@ class PromptWorkload(Workload):
                                     sampling=greedy(sampling) if self.cfg.eval.greedy else None)
 
     def reconfigure(self, ctl: Controller, cfg: TrainConfig) -> None:
-        """Live values of :mod:`agentrt.controller.control` (batch size, group size, sampling, LR, eval
-        and checkpoint intervals): ``cfg`` differs from the run's config in those fields only;
-        the next step uses them."""
-        if cfg.policy != self.cfg.policy:
-            ctl.reconfigure(cfg.policy)
-        self.cfg = cfg
-        self.eval_every, self.checkpoint_every = cfg.eval.every, cfg.checkpoint.every
+        """Live values (:meth:`Workload.reconfigure`), then the batch and the policies made
+        from the old ones."""
+        super().reconfigure(ctl, cfg)
         self.runner = self.runner.model_copy(
             update={"concurrency": cfg.train.prompts_per_step * cfg.train.group_size})
         self._make_policies(ctl)
@@ -195,10 +194,6 @@ class PromptWorkload(Workload):
         if not played.trajectories:
             return {}
         scored = score_trajectories(self.rewards, played, f"s{step}")  # one batch per source
-        # The episode log (agentrt.controller.episodes): this step's rows replace any a killed run wrote.
-        sampling = self.cfg.policy.rollout.sampling.model_dump(mode="json")
-        EpisodeLog(self.cfg.run_dir).append_step(
-            step, step_episodes(played, step, sampling, self.tokenizer))
         return rollout_metrics(played) | scored
 
     def training_data(self, played: RunResult, step: int) -> dict[str, Any]:
