@@ -1,8 +1,10 @@
 """vLLM rollout of a full-weight policy: in-place sync after real GRPO steps, parity with HF.
 
-One engine serves the whole module. The fixture trains a HybridEngine for 3 GRPO steps on
-rollouts *sampled by vLLM*, syncing the new weights into the running engine after each step, so
-every test below looks at an engine that has been updated in place three times.
+One engine serves the whole module: the one ``rollout.backend: vllm`` starts (``SharedModel``).
+The fixture trains the policy for 3 GRPO steps on rollouts *sampled by vLLM*; each update pushes
+its new weights into the running engine itself (``SharedModel.sync``), so every test below looks
+at an engine that has been updated in place three times. The HF reference is the shared model's
+own HF rollout, over the very module that trains.
 """
 
 from __future__ import annotations
@@ -11,9 +13,8 @@ import pytest
 import torch
 
 from agentrt.config.sections import SamplingConfig
-from agentrt.runtime.learner import HybridEngine
-from agentrt.runtime.rollout import attach_vllm
 from agentrt.core.types import Trajectory, Turn, collate
+from agentrt.runtime.learner import HybridEngine
 from vllm_testlib import grpo_step, make_prompts, policy_config
 
 TEMPERATURE = 0.8
@@ -23,9 +24,9 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def trained(tiny_model_dir):
-    """(trainer, rollout, report) after 3 GRPO steps with in-place sync."""
-    trainer = HybridEngine(policy_config(tiny_model_dir, TEMPERATURE), seed=0)
-    rollout = attach_vllm(trainer)  # what rollout.backend: vllm starts
+    """(trainer, rollout, report) after 3 GRPO steps, each synced in place by the update."""
+    trainer = HybridEngine(policy_config(tiny_model_dir, TEMPERATURE, backend="vllm"), seed=0)
+    rollout = trainer.shared.vllm  # started with the model, synced at start-up
     eval_prompts = make_prompts(32, seed=1)
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=16)
     before = [c.response_ids for c in rollout.generate(eval_prompts, greedy)]
@@ -34,19 +35,24 @@ def trained(tiny_model_dir):
         prompts = [p for p in make_prompts(8, seed=10 + step) for _ in range(GROUP)]
         seeds = list(range(step * 1000, step * 1000 + len(prompts)))
         comps = rollout.generate(prompts, seeds=seeds)  # the policy's sampling, T = 0.8
-        metrics = grpo_step(trainer, comps, prompts, GROUP)
+        metrics = grpo_step(trainer, comps, prompts, GROUP)  # the update syncs vLLM in place
+        assert metrics["timing_s/sync"] > 0
         diffs.append(metrics["rollout/logprob_diff"])
-        rollout.sync_from(trainer)  # in place: trainer.model.state_dict() by reference
     yield trainer, rollout, {"before": before, "eval_prompts": eval_prompts,
                              "train_logprob_diffs": diffs}
-    rollout.close()
+    trainer.shared.close()
+
+
+def hf_generate(trainer: HybridEngine, prompts, sampling):
+    """HF ``generate`` on the trainer's own module (its ``generate`` goes through vLLM)."""
+    return trainer.shared.hf.generate(prompts, sampling)
 
 
 def test_versions_tracked(trained):
     trainer, rollout, _ = trained
     assert trainer.version == STEPS
     assert rollout.version == STEPS
-    assert len(rollout.sync_seconds) == STEPS + 1  # + the sync at attach
+    assert len(rollout.sync_seconds) == STEPS + 1  # + the sync at start-up
 
 
 def test_greedy_matches_hf_generate_after_synced_steps(trained):
@@ -54,7 +60,7 @@ def test_greedy_matches_hf_generate_after_synced_steps(trained):
     prompts = report["eval_prompts"]
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=16)
     ours = rollout.generate(prompts, greedy)
-    hf = trainer.generate(prompts, greedy)  # HF generate on the trainer's own weights
+    hf = hf_generate(trainer, prompts, greedy)
     # Training must have moved the greedy outputs, or equality below would not show a sync.
     assert [c.response_ids for c in ours] != report["before"]
     for i, (a, b) in enumerate(zip(ours, hf)):
@@ -130,14 +136,14 @@ def test_sync_invalidates_prefix_cache(trained):
             gen = torch.Generator().manual_seed(0)
             for p in trainer.model.parameters():
                 p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-        rollout.sync_weights(trainer.model.state_dict(), trainer.version + 100)
+        trainer.sync_rollout()
         new = rollout.generate([prompt], greedy)[0].response_ids
-        hf_new = trainer.generate([prompt], greedy)[0].response_ids
+        hf_new = hf_generate(trainer, [prompt], greedy)[0].response_ids
         assert new == hf_new  # stale cached KV of the old weights would change this
         assert new != old
     finally:
         trainer.model.load_state_dict(saved)
-        rollout.sync_weights(trainer.model.state_dict(), trainer.version)
+        trainer.sync_rollout()
 
 
 def test_shared_prefixes_hit_the_cache_across_turns(trained):
@@ -169,7 +175,7 @@ def test_sleep_and_wake_keep_serving(trained):
 
 
 def test_closing_another_engine_leaves_this_one_serving(trained, tiny_model_dir):
-    from agentrt.runtime.rollout import VLLMRollout
+    from agentrt.runtime.rollout.vllm_backend import VLLMRollout
 
     trainer, rollout, report = trained
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=8)
@@ -178,4 +184,4 @@ def test_closing_another_engine_leaves_this_one_serving(trained, tiny_model_dir)
     assert other.generate(prompts, greedy) != rollout.generate(prompts, greedy)
     other.close()  # vLLM's shutdown alone would tear down the process-wide parallel groups
     ours = [c.response_ids for c in rollout.generate(prompts, greedy)]
-    assert ours == [c.response_ids for c in trainer.generate(prompts, greedy)]
+    assert ours == [c.response_ids for c in hf_generate(trainer, prompts, greedy)]

@@ -20,14 +20,15 @@ ENGINE_CFG = VLLMConfig(kv_cache_gib=0.25, max_model_len=1024, max_num_seqs=64,
 
 
 def policy_config(model_dir, temperature: float = 0.8, lr: float = 3e-3, lora: bool = False,
-                  max_new_tokens: int = 12, id: str = "policy") -> PolicyConfig:
-    """A GRPO policy over ``model_dir`` whose rollouts use ``temperature``."""
+                  max_new_tokens: int = 12, id: str = "policy", backend: str = "hf"
+                  ) -> PolicyConfig:
+    """A GRPO policy over ``model_dir`` whose rollouts use ``temperature`` (on ``backend``)."""
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
     return PolicyConfig(
         id=id,
         model=ModelConfig(path=str(model_dir)),
         lora=LoraConfig(enabled=lora, r=8, alpha=16),
-        rollout=RolloutConfig(sampling=sampling, vllm=ENGINE_CFG),
+        rollout=RolloutConfig(backend=backend, sampling=sampling, vllm=ENGINE_CFG),
         optim=OptimConfig(lr=lr, max_grad_norm=None),
         algorithm=AlgorithmConfig(name="grpo"),
         micro_batch_size=32,

@@ -4,7 +4,6 @@ Importing this package does not import vLLM; the engine imports it when it start
 """
 
 from agentrt.runtime.rollout.adapters import Adapter, AdapterRegistry, write_adapter
-from agentrt.runtime.rollout.vllm_backend import RolloutStartError, VLLMRollout, attach_vllm
+from agentrt.runtime.rollout.vllm_backend import RolloutStartError, VLLMRollout
 
-__all__ = ["Adapter", "AdapterRegistry", "RolloutStartError", "VLLMRollout", "attach_vllm",
-           "write_adapter"]
+__all__ = ["Adapter", "AdapterRegistry", "RolloutStartError", "VLLMRollout", "write_adapter"]

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from agentrt.config.sections import SamplingConfig, VLLMConfig
+from agentrt.config.rollout import SamplingConfig, VLLMConfig
 from agentrt.core.errors import AgentrtError
 from agentrt.runtime.rollout.adapters import Adapter, AdapterRegistry
 from agentrt.runtime.rollout.hf import Completion
@@ -139,8 +139,6 @@ class VLLMRollout:
                  sampling: SamplingConfig | None = None) -> None:
         self.cfg = cfg or VLLMConfig()
         self.sampling = sampling or SamplingConfig()
-        # Adapter used when generate() gets adapters=None (set by attach_vllm for LoRA policies).
-        self.default_adapter: str | None = None
         self.model_path = Path(model_path)
         self.version = 0
         self.sync_seconds: list[float] = []
@@ -205,8 +203,8 @@ class VLLMRollout:
             prompts: Token-id lists (non-empty).
             sampling: Temperature (0 = greedy), top_p, top_k (0 = off), max_new_tokens;
                 default ``self.sampling``.
-            adapters: Adapter name per prompt (None = base model), or one name for all;
-                None for the whole call means ``self.default_adapter``.
+            adapters: Adapter name per prompt (None = base model), or one name (or None) for
+                all.
             seeds: Per-request seed (same seed, same weights -> same tokens), or None.
             stop_token_ids: Extra ids that end a response like eos does (kept in the output).
 
@@ -217,7 +215,6 @@ class VLLMRollout:
         if self._asleep:
             self.wake_up()
         sampling = sampling or self.sampling
-        adapters = self.default_adapter if adapters is None else adapters
         n = len(prompts)
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token (e.g. bos)")
@@ -306,24 +303,6 @@ class VLLMRollout:
         self.sync_seconds.append(elapsed)
         return elapsed
 
-    def sync_from(self, engine: Any) -> float:
-        """Pushes a HybridEngine's current weights in place; returns the seconds it took.
-
-        LoRA policies send only their adapter (registered under ``engine.policy_id`` on first
-        use); full-weight policies send ``model.state_dict()`` through :meth:`sync_weights`.
-        """
-        if not getattr(engine, "is_lora", False):
-            return self.sync_weights(engine.model.state_dict(), engine.version)
-        start = time.perf_counter()
-        name, state = engine.policy_id, engine.trainable_state()
-        if name in self.adapters:
-            self.update_adapter(name, state, version=engine.version)
-        else:
-            self.add_adapter(name, state, engine.model.peft_config[name], engine.version)
-        elapsed = time.perf_counter() - start
-        self.sync_seconds.append(elapsed)
-        return elapsed
-
     def reset_prefix_cache(self) -> bool:
         return bool(self.llm.reset_prefix_cache())
 
@@ -395,23 +374,6 @@ class VLLMRollout:
         self._finalizer()
         self.llm = None
         self._remove_store()
-
-
-def attach_vllm(engine: Any, seed: int = 0) -> VLLMRollout:
-    """Starts the vLLM rollout of a HybridEngine (``rollout.backend: vllm``) at its weights.
-
-    LoRA policies get an engine with LoRA on, their adapter registered under ``policy_id`` and
-    used by default; full-weight policies get the trainer's current weights synced in.
-    """
-    cfg = engine.cfg
-    rollout = VLLMRollout(engine.model_path, cfg.rollout.vllm,
-                          dtype="bfloat16" if cfg.model.dtype == "bf16" else "float32",
-                          lora_rank=cfg.lora.r if engine.is_lora else None, seed=seed,
-                          sampling=cfg.rollout.sampling)
-    if engine.is_lora:
-        rollout.default_adapter = engine.policy_id
-    rollout.sync_from(engine)  # a resumed trainer is not at the folder's weights
-    return rollout
 
 
 # In-process engines of one process share vLLM's global distributed state (the parallel groups),
