@@ -22,6 +22,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,9 @@ from agentrt.runtime.worker import PolicyWorker, gather_prepared, split_rows
 log = logging.getLogger(__name__)
 
 
-READ_ONLY = ("generate", "generate_many", "fill_reference", "preference_eval")
+# Picks the worker method a pool calls, ``lambda w: w.update``: ``w`` is the PolicyWorker itself
+# in-process, its actor handle on Ray (whose method the pool then calls with ``.remote``).
+WorkerMethod = Callable[[PolicyWorker], Callable[..., Any]]
 _GLOBAL_RNG = threading.Lock()  # local pools take turns with torch's global generator
 
 
@@ -69,21 +72,25 @@ class BasePool:
         self._lock = threading.RLock()  # one call at a time per pool (controller threads)
 
     # ------------------------------------------------------------------ transport (subclasses)
-    def _call_each(self, method: str, args: list[tuple]) -> list[Any]:
-        """Calls ``method(*args[i])`` on worker ``i`` for every worker; results in order."""
+    def _call_each(self, method: WorkerMethod, args: list[tuple]) -> list[Any]:
+        """Calls ``method(worker_i)(*args[i])`` for every worker ``i`` (as many workers as
+        ``args``); results in order."""
         raise NotImplementedError
 
     def _put(self, obj: Any) -> Any:
         """Ships a large argument once for all workers (``ray.put`` for Ray)."""
         return obj
 
-    def _call(self, method: str, *args: Any) -> list[Any]:
+    def _call(self, method: WorkerMethod, *args: Any) -> list[Any]:
+        """Calls ``method(worker)(*args)`` on every worker; results in order."""
         return self._call_each(method, [args] * self.num_workers)
 
-    def _run(self, op: str, *args: Any) -> Any:
-        """Runs ``self._<op>(*args)``; the Ray pool adds recovery and journaling."""
+    def _guarded(self, impl: Callable[..., Any], *args: Any, journal: bool = True) -> Any:
+        """``impl(*args)``, one call at a time. The Ray pool retries it after restarting lost
+        workers and, with ``journal`` (every call that changes state; reads pass False), keeps
+        ``(impl, args)`` to replay after a later restart."""
         with self._lock:
-            return getattr(self, f"_{op}")(*args)
+            return impl(*args)
 
     # ------------------------------------------------------------------ engine-like facade
     @property
@@ -120,81 +127,86 @@ class BasePool:
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None,
                  adapter: str | None = None) -> list[Completion]:
         """One completion per prompt; prompts are split across workers, order preserved."""
-        return self._run("generate", prompts, sampling, self._name(adapter))
+        return self._guarded(self._generate, prompts, sampling, self._name(adapter),
+                             journal=False)
 
     def generate_many(self, requests: list[tuple[list[list[int]], SamplingConfig | None,
                                                   str | None]]) -> list[list[Completion]]:
         """:meth:`generate` of each ``(prompts, sampling, adapter)``, in one call per worker: the
         pool's policies and snapshots decode as one batch where the model allows it
         (:meth:`~agentrt.runtime.shared_model.SharedModel.generate_many`)."""
-        return self._run("generate_many",
-                         [(prompts, sampling, self._name(adapter))
-                          for prompts, sampling, adapter in requests])
+        return self._guarded(self._generate_many,
+                             [(prompts, sampling, self._name(adapter))
+                              for prompts, sampling, adapter in requests], journal=False)
 
     def train(self, trajectories: list[Trajectory], adapter: str | None = None
               ) -> dict[str, float]:
         """One RL step of ``adapter`` (the only policy when None) on ``trajectories``."""
-        return self._run("train", trajectories, self._trainable(adapter))
+        return self._guarded(self._train, trajectories, self._trainable(adapter))
 
     def sft_step(self, trajectories: list[Trajectory], sft: SFTConfig,
                  adapter: str | None = None) -> dict[str, float]:
         """One supervised step on demonstrations (loss on the response tokens)."""
-        return self._run("sft_step", trajectories, sft, self._trainable(adapter))
+        return self._guarded(self._sft_step, trajectories, sft, self._trainable(adapter))
 
     def end_sft(self, adapter: str | None = None) -> None:
         """Ends the warm start: drops the SFT optimizer; the policy's version restarts at 0."""
-        self._run("end_sft", self._trainable(adapter))
+        self._guarded(self._end_sft, self._trainable(adapter))
 
     def preference_step(self, examples: list[Any], pairs: str = "all",
                         adapter: str | None = None) -> dict[str, float]:
         """One preference-loss step (dpo, ipo, kto, listwise) on ``examples``; those without
         reference log-probs get them from the policy's reference first."""
-        return self._run("preference_step", examples, pairs, self._trainable(adapter))
+        return self._guarded(self._preference_step, examples, pairs, self._trainable(adapter))
 
     def fill_reference(self, examples: list[Any], adapter: str | None = None) -> list[Any]:
         """``examples`` with reference log-probs of the policy as it stands now (offline data)."""
-        return self._run("fill_reference", examples, self._trainable(adapter))
+        return self._guarded(self._fill_reference, examples, self._trainable(adapter),
+                             journal=False)
 
     def preference_eval(self, examples: list[Any], adapter: str | None = None
                         ) -> dict[str, float]:
         """Held-out preference accuracy and margin (from worker 0)."""
-        return self._run("preference_eval", examples, self._trainable(adapter))
+        return self._guarded(self._preference_eval, examples, self._trainable(adapter),
+                             journal=False)
 
     def reconfigure(self, cfg: PolicyConfig) -> None:
         """A live change of policy ``cfg.id``'s sampling or learning rate (agentrt.controller.control):
         every worker's learner takes ``cfg`` (:meth:`HybridEngine.reconfigure`)."""
-        self._run("reconfigure", cfg, self._trainable(cfg.id))
+        self._guarded(self._reconfigure, cfg, self._trainable(cfg.id))
 
     def snapshot(self, adapter: str, tag: str) -> str:
         """Freezes policy ``adapter`` as ``"<adapter>@<tag>"`` (returned), which keeps its
         weights and version while the source trains on: one more adapter for LoRA policies,
         a CPU copy of the weights for full-weight ones."""
-        return self._run("snapshot", self._trainable(adapter), str(tag))
+        return self._guarded(self._snapshot, self._trainable(adapter), str(tag))
 
     def drop_snapshot(self, name: str) -> None:
         """Frees a snapshot (it left the league)."""
         if name in self.policies:
             raise ValueError(f"{name!r} is a policy, not a snapshot")
-        self._run("drop_snapshot", self._name(name))
+        self._guarded(self._drop_snapshot, self._name(name))
 
     def reset_to(self, adapter: str, snapshot: str) -> None:
         """Loads ``snapshot``'s weights into policy ``adapter`` (a league exploiter's reset)."""
-        self._run("reset_to", self._trainable(adapter), self._name(snapshot))
+        self._guarded(self._reset_to, self._trainable(adapter), self._name(snapshot))
 
     def weights(self, adapter: str | None = None) -> dict[str, torch.Tensor]:
         """Trainable weights of a policy or snapshot, from worker 0 (adapter only for LoRA)."""
-        return self._call_each("trainable_state", [(self._name(adapter),)])[0]
+        return self._call_each(lambda w: w.trainable_state, [(self._name(adapter),)])[0]
 
     def save_pretrained(self, folder: str | Path, adapter: str | None = None) -> Path:
         """Writes the policy in Hugging Face format (from worker 0; ``folder`` must be visible
         to it, e.g. shared storage on a cluster)."""
-        return Path(self._call_each("save_pretrained", [(str(folder), self._name(adapter))])[0])
+        return Path(self._call_each(lambda w: w.save_pretrained,
+                                    [(str(folder), self._name(adapter))])[0])
 
     def state_dict(self) -> dict[str, Any]:
         """Checkpoint: every policy's engine state (with this driver's RAE baselines), snapshot
         weights, and each worker's torch RNG (``rng``, one per worker)."""
         with self._lock:
-            parts = self._call_each("state_dict", [(i == 0,) for i in range(self.num_workers)])
+            parts = self._call_each(lambda w: w.state_dict,
+                                    [(i == 0,) for i in range(self.num_workers)])
             state = parts[0]
             state["rng"] = [p["rng"] for p in parts]
             for name, eng_state in state["policies"].items():
@@ -221,7 +233,7 @@ class BasePool:
                   name: str) -> list[Completion]:
         parts = [rows for rows in split_rows(len(prompts), self.num_workers)
                  if rows.stop > rows.start]
-        outs = self._call_each("generate", [(prompts[r], sampling, name) for r in parts])
+        outs = self._call_each(lambda w: w.generate, [(prompts[r], sampling, name) for r in parts])
         return [c for out in outs for c in out]
 
     def _generate_many(self, requests: list[tuple[list[list[int]], SamplingConfig | None, str]]
@@ -229,7 +241,7 @@ class BasePool:
         # each request split over the workers as _generate splits it; worker i gets its part of
         # every request
         parts = [split_rows(len(prompts), self.num_workers) for prompts, _, _ in requests]
-        outs = self._call_each("generate_many", [
+        outs = self._call_each(lambda w: w.generate_many, [
             ([(prompts[rows[i]], sampling, name)
               for (prompts, sampling, name), rows in zip(requests, parts)],)
             for i in range(self.num_workers)])
@@ -247,13 +259,13 @@ class BasePool:
             batch.replayed = older
         self._check_split(batch.size, algo.mini_batches, name)
         ref = self._put(batch)
-        prepared = self._call_each("prepare", [(ref, rows, name) for rows in
-                                               split_rows(batch.size, self.num_workers)])
+        prepared = self._call_each(lambda w: w.prepare, [
+            (ref, rows, name) for rows in split_rows(batch.size, self.num_workers)])
         metrics = gather_prepared(batch, prepared)
         metrics["timing_s/prepare"] = time.perf_counter() - start
         metrics |= advantages_from(batch, algo, prepared[0].kl_coef, self.rae[name])
         start = time.perf_counter()
-        metrics |= self._call("update", self._put(batch), name)[0]  # identical on all workers
+        metrics |= self._call(lambda w: w.update, self._put(batch), name)[0]  # same on all
         metrics["timing_s/update"] = time.perf_counter() - start
         metrics["perf/train_tokens"] = float(batch.num_tokens)
         self.versions[name] += 1
@@ -263,49 +275,49 @@ class BasePool:
                   ) -> dict[str, float]:
         batch = collate(trajectories, self.pad_id)
         self._check_split(batch.size, 1, name)
-        metrics = self._call("sft_step", self._put(batch), sft, name)[0]
+        metrics = self._call(lambda w: w.sft_step, self._put(batch), sft, name)[0]
         self.versions[name] += 1
         return metrics
 
     def _reconfigure(self, cfg: PolicyConfig, name: str) -> None:
         # only what may change live: the pool's policy keeps its own (resolved) model fields
         cfg = self.policies[name].model_copy(update={"rollout": cfg.rollout, "optim": cfg.optim})
-        self._call("reconfigure", cfg)
+        self._call(lambda w: w.reconfigure, cfg)
         self.policies[name] = cfg
         if self.cfg.id == name:
             self.cfg = cfg
 
     def _end_sft(self, name: str) -> None:
-        self._call("end_sft", name)
+        self._call(lambda w: w.end_sft, name)
         self.versions[name] = 0
 
     def _snapshot(self, name: str, tag: str) -> str:
-        snap = self._call("snapshot", name, tag)[0]
+        snap = self._call(lambda w: w.snapshot, name, tag)[0]
         self.versions[snap] = self.versions[name]
         return snap
 
     def _drop_snapshot(self, name: str) -> None:
-        self._call("drop_snapshot", name)
+        self._call(lambda w: w.drop_snapshot, name)
         del self.versions[name]
 
     def _reset_to(self, name: str, snapshot: str) -> None:
-        self._call("reset_to", name, snapshot)
+        self._call(lambda w: w.reset_to, name, snapshot)
 
     def _preference_step(self, examples: list[Any], pairs: str, name: str) -> dict[str, float]:
         start = time.perf_counter()
         if self.num_workers > 1 and len(examples) < self.num_workers:
             raise ValueError(f"policy {name!r}: {len(examples)} preference examples for "
                              f"{self.num_workers} workers; train on more examples")
-        metrics = self._call("preference_step", self._put(examples), pairs, name)[0]
+        metrics = self._call(lambda w: w.preference_step, self._put(examples), pairs, name)[0]
         metrics["timing_s/update"] = time.perf_counter() - start
         self.versions[name] += 1
         return metrics
 
     def _fill_reference(self, examples: list[Any], name: str) -> list[Any]:
-        return self._call_each("fill_reference", [(examples, name)])[0]
+        return self._call_each(lambda w: w.fill_reference, [(examples, name)])[0]
 
     def _preference_eval(self, examples: list[Any], name: str) -> dict[str, float]:
-        return self._call_each("preference_eval", [(examples, name)])[0]
+        return self._call_each(lambda w: w.preference_eval, [(examples, name)])[0]
 
     def _check_split(self, size: int, mini_batches: int, name: str) -> None:
         """Every worker needs >= 1 row of every mini-batch (same shapes in every collective)."""
@@ -319,7 +331,7 @@ class BasePool:
 
     def _load(self, state: dict[str, Any]) -> None:
         ref = self._put(state)
-        self._call_each("load_state_dict", [(ref, i) for i in range(self.num_workers)])
+        self._call_each(lambda w: w.load_state_dict, [(ref, i) for i in range(self.num_workers)])
         for name, eng_state in state["policies"].items():
             self.rae[name] = RAEState.for_algorithm(self.policies[name].algorithm)
             self.rae[name].load_state_dict(eng_state["rae_state"])
@@ -364,10 +376,10 @@ class LocalPool(BasePool):
         """The first policy's engine (the only one for a single-policy pool)."""
         return next(iter(self.worker.engines.values()))
 
-    def _call_each(self, method: str, args: list[tuple]) -> list[Any]:
+    def _call_each(self, method: WorkerMethod, args: list[tuple]) -> list[Any]:
         with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):  # the global RNG is left as it was
             torch.set_rng_state(self._rng)
-            out = [getattr(self.worker, method)(*a) for a in args]
+            out = [method(self.worker)(*a) for a in args]
             self._rng = torch.get_rng_state()
         return out
 

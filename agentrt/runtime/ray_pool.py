@@ -11,13 +11,15 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agentrt.algos import RAEState
 from agentrt.config.sections import PolicyConfig, ResourcesConfig, RuntimeConfig
 from agentrt.core.errors import AgentrtError
-from agentrt.runtime.pool import READ_ONLY, BasePool, resolve_model
+from agentrt.core.types import Trajectory
+from agentrt.runtime.pool import BasePool, WorkerMethod, resolve_model
 from agentrt.runtime.worker import PolicyWorker
 
 log = logging.getLogger(__name__)
@@ -107,7 +109,7 @@ class PolicyPool(BasePool):
         self.replayed_calls = 0
         self._checkpoint: Any = None  # ObjectRef of the recovery point; None: initial state
         self._initial = {"rae": dict(self.rae), "versions": dict(self.versions)}
-        self._journal: list[tuple[str, tuple]] = []
+        self._journal: list[tuple[Callable[..., Any], tuple]] = []  # (impl, args) replayed
         self._policies_at_checkpoint = dict(self.policies)  # live changes (agentrt.controller.control)
         try:
             self._start_workers(policies, seed, total_steps)
@@ -178,8 +180,8 @@ class PolicyPool(BasePool):
 
         return ray.put(obj)
 
-    def _call_each(self, method: str, args: list[tuple]) -> list[Any]:
-        refs = [getattr(w, method).remote(*a) for w, a in zip(self.workers, args)]
+    def _call_each(self, method: WorkerMethod, args: list[tuple]) -> list[Any]:
+        refs = [method(w).remote(*a) for w, a in zip(self.workers, args)]
         return self._gather(refs)
 
     def _gather(self, refs: list[Any]) -> list[Any]:
@@ -219,27 +221,36 @@ class PolicyPool(BasePool):
         return len(done) < len(pending)
 
     # ------------------------------------------------------------------ recovery
-    def _run(self, op: str, *args: Any) -> Any:
+    def _guarded(self, impl: Callable[..., Any], *args: Any, journal: bool = True) -> Any:
+        """``impl(*args)``, retried after a recovery when a worker died; with ``journal``,
+        kept in the journal (replayed after a later recovery)."""
         with self._lock:
             for attempt in range(self.max_recoveries + 1):
                 try:
-                    out = getattr(self, f"_{op}")(*args)
+                    out = impl(*args)
                     break
                 except WorkerLost as exc:
                     if attempt == self.max_recoveries:
                         raise
                     self._recover(exc)
-            if op not in READ_ONLY:  # everything else changes state: replayed after a failure
-                self._journal.append((op, args))
-            if op == "train":
-                out["runtime/worker_restarts"] = float(self.worker_restarts)
+            if journal:
+                self._journal.append((impl, args))
             return out
+
+    def train(self, trajectories: list[Trajectory], adapter: str | None = None
+              ) -> dict[str, float]:
+        """As :meth:`BasePool.train`, with the worker restarts so far in the metrics."""
+        with self._lock:
+            metrics = super().train(trajectories, adapter)
+            metrics["runtime/worker_restarts"] = float(self.worker_restarts)
+            return metrics
 
     def _recover(self, exc: WorkerLost) -> None:
         import ray
 
         self.worker_restarts += 1
-        trajs = sum(len(a[0]) for op, a in self._journal if op in ("train", "sft_step"))
+        trajs = sum(len(args[0]) for impl, args in self._journal
+                    if impl in (self._train, self._sft_step))
         log.warning("pool %r: %s. Restarting its workers, restoring its last checkpoint and "
                     "replaying %d calls (%d trajectories kept on the driver)", self.cfg.id, exc,
                     len(self._journal), trajs)
@@ -257,8 +268,8 @@ class PolicyPool(BasePool):
         # before the recovery point is not in the journal, so it is applied again first.
         for cfg in self._policies_at_checkpoint.values():
             self._reconfigure(cfg, cfg.id)
-        for op, args in self._journal:
-            getattr(self, f"_{op}")(*args)
+        for impl, args in self._journal:
+            impl(*args)
         self.replayed_calls += len(self._journal)
 
     def _checkpointed(self, state: dict[str, Any]) -> None:

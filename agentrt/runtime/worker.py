@@ -2,7 +2,7 @@
 
 A :class:`PolicyWorker` is a plain Python object holding a hybrid engine, or several LoRA policies
 over one shared base model (one engine per adapter, all on the same peft model). Ray only carries
-calls to it (``agentrt.runtime.pool`` wraps it with ``ray.remote``), so it is tested and used in-process
+calls to it (``agentrt.runtime.ray_pool`` wraps it with ``ray.remote``), so it is tested and used in-process
 exactly as it runs in an actor.
 
 Data parallelism (:class:`GlooDataParallel`): every replica receives the *whole* training batch,
