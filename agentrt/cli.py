@@ -360,15 +360,16 @@ def debug_command(
     typer.echo(json.dumps(report.to_json(), indent=1) if as_json else report.text())
 
 
-ctl_app = typer.Typer(no_args_is_help=True, help="Online control of a running train run: "
-                      "live settings, late feedback, prompts, pause (docs/control.md).")
+ctl_app = typer.Typer(no_args_is_help=True, help="Online control of a running run of any kind: "
+                      "live settings, pause, late feedback, prompts (docs/control.md).")
 app.add_typer(ctl_app, name="ctl")
 
 
 @ctl_app.callback()
 def _ctl(ctx: typer.Context,
-         run_dir: Path = typer.Argument(..., help="The run folder of a running agentrt train "
-                                                  "run with control.enabled.")) -> None:
+         run_dir: Path = typer.Argument(..., help="The run folder of a running run (train, "
+                                                  "tournament or decompose) with "
+                                                  "control.enabled.")) -> None:
     ctx.obj = run_dir
 
 
@@ -380,7 +381,8 @@ def _ctl_send(ctx: typer.Context, command: Optional[dict]) -> dict:
 
 @ctl_app.command("set")
 def ctl_set(ctx: typer.Context, assignments: list[str] = typer.Argument(
-        ..., help="KEY=VALUE of a live field, e.g. train.prompts_per_step=64 (repeatable).")
+        ..., help="KEY=VALUE of a live field, e.g. train.prompts_per_step=64 or "
+        "policies.0.rollout.sampling.temperature=0.5 (repeatable).")
             ) -> None:
     """Change live settings; they apply at the start of the next step."""
     from agentrt.controller.control.client import parse_assignments

@@ -89,8 +89,8 @@ class DecomposeConfig(RunConfig):
     """``agentrt decompose run CONFIG.yaml``."""
 
     UNSUPPORTED = {
-        "control.enabled": "online control is not wired for decompose runs yet",
-        "train.async_rollout.enabled": "the asynchronous rollout is not wired for decompose runs yet",
+        "train.async_rollout.enabled": "the run's one router would bind the next step's "
+        "subtasks in the rollout thread while this step's evaluation routes with it too",
     }
 
     run_dir: str = Field("runs/decompose", description="Output folder for this run.")

@@ -27,6 +27,7 @@ from agentrt.envs.tasks import Example
 from agentrt.policies.base import as_policy
 from agentrt.policies.lm import LMPolicy, PromptTemplate
 
+from agentrt.controller.episodes import EPISODES
 from agentrt.controller.launch import Run
 from agentrt.controller.loop import Controller, greedy
 from agentrt.controller.run_dir import truncate_jsonl
@@ -48,7 +49,13 @@ class DecomposeWorkload(Workload):
     """Chains of a task family for a planner and its specialists (see the module docstring)."""
 
     label = "decompose"
-    outputs = ("chains.jsonl", "eval_chains.jsonl", "report.html", "final")  # + RunDir.outputs
+    outputs = ("chains.jsonl", "eval_chains.jsonl", "report.html", "final",
+               f"{EPISODES}*")  # + RunDir.outputs
+    live = ("train.tasks_per_step", "train.group_size")  # + each policy's, the shared fields
+    refused = {"inject": "a decompose run draws the tasks of its family; it has no prompts to "
+               "inject",
+               "feedback": "a chain's rewards are its subtask verifiers' and its task outcome, "
+               "known when it ends; there is no late reward to give"}
 
     def __init__(self, cfg: DecomposeConfig) -> None:
         super().__init__(cfg)
@@ -81,14 +88,25 @@ class DecomposeWorkload(Workload):
     def start(self, ctl: Controller) -> None:
         self.run_dir = ctl.run_dir
         self.chains_path = ctl.run_dir.path / "chains.jsonl"
+        self._make_policies(ctl)
+
+    def _make_policies(self, ctl: Controller) -> None:
         sampling = {p.id: p.rollout.sampling for p in self.cfg.policies}
         handles = {p.id: ctl.handle(p.id) for p in self.cfg.policies}
-        self.policies: dict[str, Any] = {pid: LMPolicy(h, CHAIN_TEMPLATE)
-                                         for pid, h in handles.items()} | self.tools
+        self.chain_players: dict[str, Any] = {pid: LMPolicy(h, CHAIN_TEMPLATE)
+                                              for pid, h in handles.items()} | self.tools
         self.eval_policies: dict[str, Any] = {
             pid: LMPolicy(h, CHAIN_TEMPLATE, trainable=False,
                           sampling=greedy(sampling[pid]) if self.cfg.eval.greedy else None)
             for pid, h in handles.items()} | self.tools
+
+    def reconfigure(self, ctl: Controller, cfg: DecomposeConfig) -> None:
+        """Live values (:meth:`Workload.reconfigure`), then the batch and the players made
+        from the old ones."""
+        super().reconfigure(ctl, cfg)
+        self.runner = self.runner.model_copy(
+            update={"concurrency": cfg.train.tasks_per_step * cfg.train.group_size})
+        self._make_policies(ctl)
 
     def warm_start(self, ctl: Controller) -> dict[str, float]:
         """SFT of every trainable LM policy on reference rows of the training tasks it would
@@ -138,7 +156,7 @@ class DecomposeWorkload(Workload):
                           self.cfg.train.group_size)
 
     def players(self, specs: list[EpisodeSpec]) -> dict[str, Any]:
-        return self.policies
+        return self.chain_players
 
     def seat_router(self, explore: bool = True) -> Callable[[Any, str], str]:
         """Binds an attempt agent to a specialist when it first acts."""

@@ -168,8 +168,9 @@ class TournamentRunConfig(RunConfig):
     """Config of ``agentrt tournament run``."""
 
     UNSUPPORTED = {
-        "control.enabled": "online control is not wired for tournament runs yet",
-        "train.async_rollout.enabled": "the asynchronous rollout is not wired for tournament runs yet",
+        "train.async_rollout.enabled": "a league's next matches are drawn after this step's "
+        "snapshots and ratings (read ahead, they would change who plays whom), and its frozen "
+        "opponents generate in the learner's pool, which trains meanwhile",
     }
 
     run_dir: str = Field("runs/tournament", description="Output folder of this run.")

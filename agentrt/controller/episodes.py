@@ -1,9 +1,14 @@
-"""The episode log: one row per trained episode of ``agentrt train``, under a stable id.
+"""The episode log: one row per trained turn of every run kind, under a stable id.
 
-``<run_dir>/episodes.sqlite`` holds table ``episodes``, one row per episode a step trained on:
+The controller loop writes it for every kind (:func:`log_step`, after the workload's
+``record``): ``agentrt train``'s one-turn prompt episodes, a league's matches (a row per move of
+each learner's seat), a decompose run's chains (a row per plan and subtask attempt).
+``<run_dir>/episodes.sqlite`` holds table ``episodes``, one row per turn a step trained on:
 
 - ``id``: ``s<step>-<index>`` (:func:`episode_id`; ``index`` is the episode's position in the
-  step's episode list), so a resumed run that replays a step writes the same ids;
+  step's episode list) for a one-turn episode of a one-agent env, else
+  ``s<step>-<index>-<agent>-<turn>`` (:func:`step_episodes`), so a resumed run that replays a
+  step writes the same ids;
 - ``step``, ``idx``, ``policy_id``, ``policy_version`` (the weights that sampled it);
 - ``prompt``, ``response`` (decoded texts), ``prompt_ids``, ``response_ids`` (JSON lists);
 - ``logprobs``: the rollout's log-probs of the response tokens, as sampled, a BLOB of float64
@@ -35,9 +40,10 @@ import sys
 from array import array
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from agentrt.core.errors import AgentrtError
+from agentrt.envs.registration import is_multi_agent
 
 EPISODES = "episodes.sqlite"
 _LISTS = ("prompt_ids", "response_ids")
@@ -171,8 +177,8 @@ class EpisodeLog:
             conn.executescript(_SCHEMA)
         else:
             if not self.path.is_file():
-                raise AgentrtError(f"{self.path.parent} has no {EPISODES}; only episodes "
-                                   "trained by agentrt train are logged")
+                raise AgentrtError(f"{self.path.parent} has no {EPISODES}: the run has not "
+                                   "finished a step, or it plays no episodes (offline data)")
             conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
         conn.row_factory = sqlite3.Row
         return conn
@@ -212,38 +218,78 @@ class EpisodeLog:
         conn = self._connect(write=False)
         try:
             where, args = ("WHERE step = ?", (step,)) if step is not None else ("", ())
-            for row in conn.execute(f"SELECT * FROM episodes {where} ORDER BY step, idx", args):
+            for row in conn.execute(f"SELECT * FROM episodes {where} ORDER BY step, idx, rowid",
+                                    args):
                 yield Episode.from_row(row)
         finally:
             conn.close()
 
 
-def step_episodes(played: Any, step: int, sampling: dict[str, Any], tokenizer: Any
-                  ) -> list[Episode]:
-    """The trained episodes of one step's :class:`~agentrt.runner.core.RunResult` of one-turn
-    episodes, indexed by their position in the step's episode list; the prompt text is its ids
-    decoded (special tokens left out), the response the text the env saw, the info the
-    example's (a deferred reward's ``reward_info``, else the env's final info)."""
+def log_step(run_dir: str | Path, step: int, played: Any, policies: Mapping[str, Any],
+             tokenizer: Callable[[str], Any]) -> None:
+    """Writes the trajectories of one step's :class:`~agentrt.runner.core.RunResult` (its
+    trained players') as the rows of ``step`` (:meth:`EpisodeLog.append_step`); nothing when
+    there are none (an offline preference step). ``policies``: policy id -> its config (the
+    sampling settings logged); ``tokenizer``: policy id -> its tokenizer."""
+    if not played.trajectories:
+        return
+    pids = {turn.policy_id for traj in played.trajectories for turn in traj.turns}
+    sampling = {pid: policies[pid.split("@")[0]].rollout.sampling.model_dump(mode="json")
+                for pid in pids}
+    EpisodeLog(run_dir).append_step(step, step_episodes(
+        played, step, sampling, {pid: tokenizer(pid) for pid in pids}))
+
+
+def step_episodes(played: Any, step: int, sampling: Mapping[str, dict[str, Any]],
+                  tokenizers: Mapping[str, Any]) -> list[Episode]:
+    """A row per turn of every trajectory of one step's :class:`~agentrt.runner.core.RunResult`,
+    ``idx`` the episode's position in the step's episode list and the id
+    :func:`episode_id`'s for a one-turn episode of a one-agent env (``agentrt train``'s
+    prompts), else ``s<step>-<idx>-<agent>-<turn>`` (a match's moves, a chain's plan and
+    subtask attempts; the turn counts from 0). The prompt text is its ids decoded (special tokens left out), the
+    response the text the env saw, the info the example's (a deferred reward's
+    ``reward_info``, else the env's final info; in a multi-seat or multi-turn episode its plain
+    values with the seat's env, agent, turn, result and outcome). ``sampling`` and
+    ``tokenizers`` are per policy id."""
     index = {r.episode_id: i for i, r in enumerate(played.episodes)}
-    prompts: dict[tuple[int, ...], str] = {}  # a group's rows share their prompt: decode it once
+    multi = {env: is_multi_agent(env) for env in {t.env for t in played.trajectories}}
+    prompts: dict[str, dict[tuple[int, ...], str]] = {}  # a group's rows share their prompt
     out = []
     for traj in played.trajectories:
-        turn = traj.turns[0]
         i = index[traj.episode_id]
-        final = traj.info.get("final_info", {})
-        info = dict(final["reward_info"]) if isinstance(final.get("reward_info"), dict) else \
-            {k: v for k, v in final.items() if k not in ("reward_errors", "invalid_action")}
-        if "answer" in final:  # a deferred reward's info: what the reward saw, and the answer
-            info.setdefault("answer", final["answer"])
-        key = tuple(turn.prompt_ids)
-        if key not in prompts:
-            prompts[key] = tokenizer.decode(turn.prompt_ids, skip_special_tokens=True)
-        out.append(Episode(
-            id=episode_id(step, i), step=step, idx=i, policy_id=turn.policy_id,
-            policy_version=turn.policy_version,
-            prompt=prompts[key],
-            response=str(turn.info.get("action", "")), prompt_ids=list(turn.prompt_ids),
-            response_ids=list(turn.response_ids), logprobs=[float(x) for x in turn.logprobs],
-            reward=float(traj.reward), info=info, sampling=sampling,  # one dict, read-only
-            finished=bool(turn.finished), group_id=str(traj.group_id)))
-    return sorted(out, key=lambda e: e.idx)
+        single = not multi[traj.env] and len(traj.turns) == 1
+        info = _final_info(traj.info.get("final_info", {}))
+        for k, turn in enumerate(traj.turns):
+            pid = turn.policy_id
+            decoded, key = prompts.setdefault(pid, {}), tuple(turn.prompt_ids)
+            if key not in decoded:
+                decoded[key] = tokenizers[pid].decode(turn.prompt_ids, skip_special_tokens=True)
+            out.append(Episode(
+                id=episode_id(step, i) if single else f"{episode_id(step, i)}-{traj.role}-{k}",
+                step=step, idx=i, policy_id=pid, policy_version=turn.policy_version,
+                prompt=decoded[key], response=str(turn.info.get("action", "")),
+                prompt_ids=list(turn.prompt_ids), response_ids=list(turn.response_ids),
+                logprobs=[float(x) for x in turn.logprobs],
+                reward=float(traj.reward if single else turn.reward),
+                info=info if single else _seat_info(traj, info, k), sampling=sampling[pid],
+                finished=bool(turn.finished), group_id=str(traj.group_id)))
+    return sorted(out, key=lambda e: e.idx)  # stable: a trajectory's turns stay in order
+
+
+def _final_info(final: dict[str, Any]) -> dict[str, Any]:
+    """What the reward saw: a deferred reward's ``reward_info`` (with the answer), else the
+    env's final info without its error keys."""
+    info = dict(final["reward_info"]) if isinstance(final.get("reward_info"), dict) else \
+        {k: v for k, v in final.items() if k not in ("reward_errors", "invalid_action")}
+    if "answer" in final:  # a deferred reward's info: what the reward saw, and the answer
+        info.setdefault("answer", final["answer"])
+    return info
+
+
+def _seat_info(traj: Any, info: dict[str, Any], turn: int) -> dict[str, Any]:
+    """A multi-turn or multi-seat episode's row info: the final info's plain values (not a
+    whole chain's record) and where the turn was played."""
+    plain = {k: v for k, v in info.items() if isinstance(v, (str, int, float, bool))}
+    return plain | {"env": traj.env, "agent": traj.role, "turn": turn, "turns": len(traj.turns),
+                    "episode": traj.episode_id, "result": traj.info.get("result"),
+                    "outcome": traj.outcome}

@@ -37,6 +37,7 @@ from agentrt.config.run import AsyncRolloutConfig
 from agentrt.config.sections import GuardsConfig, PolicyConfig, RuntimeConfig
 from agentrt.controller.async_rollout import AsyncRollout
 from agentrt.controller.drift import DriftMonitor
+from agentrt.controller.episodes import log_step
 from agentrt.controller.exporters import Exporters, code_version
 from agentrt.controller.guards import RunGuard
 from agentrt.controller.objectives import learn
@@ -305,6 +306,8 @@ class Controller:
         if self.tuner is not None:  # after the rollout: no rollout thread computes beside it
             self.tuner.maybe_tune(step)
         metrics = work.record(played, step) | events
+        # The episode log: this step's rows replace any a killed run wrote.
+        log_step(self.run_dir.path, step, played, self.cfgs, self.tokenizer)
         if self.drift is not None:  # the learners' samples, before they are trained on
             learners = set(self.learners())
             metrics |= self.drift.observe(step, [t for t in played.trajectories

@@ -1,8 +1,11 @@
 """``agentrt debug RUN_DIR SAMPLE``: why is this sample bad? Evidence and a verdict per cause.
 
-SAMPLE is an episode id of the run's episode log (:mod:`agentrt.controller.episodes`, e.g. ``s3-5``) or a
-JSON file ``{"prompt", "response", "reward"?, "info"?, "step"?}``. Three causes are checked
-(docs/debug.md):
+SAMPLE is an episode id of the run's episode log (:mod:`agentrt.controller.episodes`, e.g. ``s3-5``
+of a train run, ``s3-5-player_0-2`` of a league's or ``s3-5-a0-0`` of a decompose run's) or a
+JSON file ``{"prompt", "response", "reward"?, "info"?, "step"?}``. The run is of any kind
+(``agentrt train``, ``tournament run``, ``decompose run``). Three causes are checked
+(docs/debug.md); a league's or a decompose run's reward and leakage are one line saying why
+they do not apply (a match's reward is its outcome; no data set was trained on):
 
 - **reward**: the sample is re-scored :data:`REPEATS` times with the run's reward (resolved from
   the saved config): scores that differ = a non-deterministic reward; a re-score that differs
@@ -80,21 +83,35 @@ class Report:
 
 
 # ----------------------------------------------------------------------------- inputs
-def load_run(run_dir: Path, imports: tuple[str, ...] = ()) -> Any:
-    """The run's config (a :class:`~agentrt.config.sections.TrainConfig`) from its ``config.yaml``,
-    resolved as ``agentrt train`` resolves it (plugins, reward, model folder)."""
+#: Why a cause does not apply to a run kind (the causes it has no data for), in one line.
+NOT_APPLICABLE = {
+    ("tournament", "reward"): "a match's reward is its outcome (win, draw, loss), not a "
+    "scored response; nothing to re-score",
+    ("tournament", "leakage"): "a league trains on its own matches; no data set to check",
+    ("decompose", "reward"): "a chain's rewards are its subtask verifiers' and its task "
+    "outcome, not a reward function of the config; nothing to re-score",
+    ("decompose", "leakage"): "a decompose run trains on its own chains; no data set to check",
+}
+
+
+def load_run(run_dir: Path, imports: tuple[str, ...] = ()) -> tuple[str, Any]:
+    """The run's kind ('train', 'tournament', 'decompose') and config from its
+    ``config.yaml``, resolved as its command resolves it (plugins, reward, model folders)."""
     from agentrt.tools.checks import load_checked
-    from agentrt.config.sections import read_config
 
     if not run_dir.is_dir():
-        raise ConfigError(f"{run_dir} is not a folder; give the run folder of agentrt train")
+        raise ConfigError(f"{run_dir} is not a folder; give the folder of a run")
     if not (run_dir / "config.yaml").is_file() or not (run_dir / "run.json").is_file():
         raise ConfigError(f"{run_dir} holds no run (no config.yaml and run.json); give the "
-                          "run folder of agentrt train")
-    if "task" not in read_config(run_dir / "config.yaml"):
-        raise ConfigError(f"{run_dir} is not a run of agentrt train (its config has no task "
-                          "section); agentrt debug reads those")
-    return load_checked(run_dir / "config.yaml", expect="train", imports=imports)[1]
+                          "folder of a run")
+    return load_checked(run_dir / "config.yaml", imports=imports)
+
+
+def run_policy(cfg: Any, pid: str | None) -> Any:
+    """The config of policy ``pid`` of the run (None: its first learner)."""
+    policies = [cfg.policy] if hasattr(cfg, "policy") else list(cfg.policies)
+    found = [p for p in policies if p.id == pid] or [p for p in policies if p.trainable]
+    return (found or policies)[0]
 
 
 def load_sample(run_dir: Path, spec: str) -> Sample:
@@ -111,7 +128,7 @@ def load_sample(run_dir: Path, spec: str) -> Sample:
     return Sample(source=ep.id, prompt=ep.prompt, response=ep.response, reward=ep.reward,
                   info=ep.info, step=ep.step, policy_version=ep.policy_version,
                   prompt_ids=ep.prompt_ids, response_ids=ep.response_ids, logprobs=ep.logprobs,
-                  trained=True)
+                  trained=True, policy_id=ep.policy_id)
 
 
 def _json_sample(path: Path) -> Sample:
@@ -208,7 +225,8 @@ def reward_cause(cfg: Any, s: Sample, second: str | None = None, repeats: int = 
 # ----------------------------------------------------------------------------- actor
 def actor_cause(run_dir: Path, cfg: Any, s: Sample) -> Cause:
     """The response's log-prob under the model folder's weights, every kept checkpoint (one
-    loaded at a time) and the reference; drift between consecutive versions."""
+    loaded at a time) and the reference; drift between consecutive versions. ``cfg``: the
+    config of the policy that played the sample."""
     from agentrt.controller.checkpoint import CheckpointError, load_checkpoint
     from agentrt.controller.run_dir import RunDir
 
@@ -247,25 +265,25 @@ def actor_cause(run_dir: Path, cfg: Any, s: Sample) -> Cause:
 
 
 class _Policy:
-    """The run's policy model (its model folder, with the LoRA adapter when it has one) to
-    compute log-probs under any of its saved weights."""
+    """A policy's model (its model folder, with the LoRA adapter when it has one) to compute
+    log-probs under any of its saved weights. ``cfg``: the policy's config."""
 
     def __init__(self, run_dir: Path, cfg: Any) -> None:
         from agentrt.tools.leakage import run_model_folder
         from agentrt.policies import load_model
 
-        self.cfg, self.pid = cfg, cfg.policy.id
+        self.cfg, self.pid = cfg, cfg.id
         folder = run_model_folder(cfg, run_dir)
         if not (folder / "config.json").is_file():
             raise ConfigError(f"the run's model folder {folder} is missing; agentrt debug needs "
                               "it to compute log-probs")
         model, self.tokenizer = load_model(folder)
-        if cfg.policy.lora.enabled:
+        if cfg.lora.enabled:
             from peft import get_peft_model
 
             from agentrt.runtime.shared_model import peft_config
 
-            model = get_peft_model(model, peft_config(cfg.policy), adapter_name=self.pid)
+            model = get_peft_model(model, peft_config(cfg), adapter_name=self.pid)
         self.model = model.eval()
 
     def weights(self, weights: dict[str, Any] | None) -> Any:
@@ -273,7 +291,7 @@ class _Policy:
         of a LoRA policy); None: the model folder's own (a LoRA base with its adapter off)."""
         import contextlib
 
-        if self.cfg.policy.lora.enabled:
+        if self.cfg.lora.enabled:
             if weights is None:
                 return self.model.disable_adapter()
             from peft import set_peft_model_state_dict
@@ -299,7 +317,7 @@ class _Policy:
 
         from agentrt.runtime.steps import shift_logprobs
 
-        temp = self.cfg.policy.rollout.sampling.temperature or 1.0
+        temp = self.cfg.rollout.sampling.temperature or 1.0
         ids = torch.tensor([prompt + response])
         with torch.no_grad():
             logits = self.model(input_ids=ids).logits.float() / temp
@@ -354,7 +372,7 @@ def diagnose(run_dir: Path, spec: str, second: str | None = None, repeats: int =
     if repeats < 2:
         raise ConfigError(f"--repeats must be at least 2 (re-scores to compare), not {repeats}")
     check_embedder(embedder)
-    cfg = load_run(run_dir, imports)
+    kind, cfg = load_run(run_dir, imports)
     if second is not None:
         from agentrt.rewards import resolve_reward
 
@@ -362,7 +380,12 @@ def diagnose(run_dir: Path, spec: str, second: str | None = None, repeats: int =
     sample = load_sample(run_dir, spec)
     from agentrt.tools.leakage import leakage_cause
 
-    causes = [reward_cause(cfg, sample, second, repeats), actor_cause(run_dir, cfg, sample),
+    actor = actor_cause(run_dir, run_policy(cfg, sample.policy_id), sample)
+    if kind != "train":
+        return Report(str(run_dir), sample, [
+            Cause("reward", False, f"does not apply: {NOT_APPLICABLE[kind, 'reward']}"), actor,
+            Cause("leakage", False, f"does not apply: {NOT_APPLICABLE[kind, 'leakage']}")])
+    causes = [reward_cause(cfg, sample, second, repeats), actor,
               leakage_cause(run_dir, cfg, sample, embedder)]
     return Report(str(run_dir), sample, causes)
 

@@ -26,6 +26,7 @@ class Sample:
     response_ids: list[int] | None = None
     logprobs: list[float] | None = None
     trained: bool = False  # an episode the run trained on (its prompt is in the train split)
+    policy_id: str | None = None  # the policy that played it (None: the run's first learner)
 
 
 @dataclass

@@ -104,7 +104,7 @@ def file_examples(cfg: Any, run_dir: Path) -> tuple[list[Any], list[Any]]:
     from agentrt.workloads.prompts.data.stream import SkipCounter, scan
 
     source = open_source(cfg.task, cfg.seed)
-    folder = run_model_folder(cfg, run_dir)
+    folder = run_model_folder(cfg.policy, run_dir)
     if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
         from transformers import AutoTokenizer
 
@@ -117,9 +117,10 @@ def file_examples(cfg: Any, run_dir: Path) -> tuple[list[Any], list[Any]]:
             source.eval_examples())
 
 
-def run_model_folder(cfg: Any, run_dir: Path) -> Path:
-    """The run's model folder: ``model.path``, or the preset it built in the run folder."""
-    m = cfg.policy.model
+def run_model_folder(policy: Any, run_dir: Path) -> Path:
+    """A policy's model folder (``policy``: its config): ``model.path``, or the preset the run
+    built in its folder."""
+    m = policy.model
     return Path(m.path) if m.path is not None else run_dir / f"base_model_{m.preset}"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrt.config.control import ControlConfig
-from agentrt.controller.control.config import ControlError, ENDPOINT, LIVE
+from agentrt.controller.control.config import ControlError, ENDPOINT
 from agentrt.controller.control.endpoint import handler, url_host, write_private
 from agentrt.controller.control.feedback import feedback_groups
 from agentrt.controller.control.stream import read_stream
@@ -28,13 +28,14 @@ log = logging.getLogger(__name__)
 class RunControl:
     """The control channels of one run and the queue the controller applies at step starts.
 
-    Every train run has one: with ``control.enabled: false`` it opens no channel but still
-    restores the live values a checkpoint holds and keeps ``step_interval_s``.
+    Every run of every kind has one: with ``control.enabled: false`` it opens no channel but
+    still restores the live values a checkpoint holds and keeps ``step_interval_s``.
 
     Args:
         cfg: The run's ``control:`` section.
-        work: The train workload (:class:`agentrt.workloads.prompts.workload.PromptWorkload`): its config is the
-            base the live values apply to; it takes them through ``reconfigure``.
+        work: The run's workload (:class:`agentrt.controller.workload.Workload`): its config is
+            the base the live values apply to; it names them (``live_fields``), takes them
+            through ``reconfigure`` and says which commands it cannot take (``refusal``).
     """
 
     def __init__(self, cfg: ControlConfig, work: Any) -> None:
@@ -129,10 +130,11 @@ class RunControl:
         values = command.get("values")
         if not isinstance(values, dict) or not values:
             raise ControlError('set needs "values": {"section.field": value, ...}')
+        live = self.work.live_fields()
         for key in values:
-            if key not in LIVE:
+            if key not in live:
                 raise ControlError(f"{key} cannot be changed while the run runs; live fields: "
-                                   f"{', '.join(LIVE)}")
+                                   f"{', '.join(live)}")
         self.validated({**self.live, **values})
         return {"values": dict(values)}
 
@@ -144,8 +146,8 @@ class RunControl:
         for key, value in live.items():
             node = data
             *parents, name = key.split(".")
-            for part in parents:
-                node = node[part]
+            for part in parents:  # policies.0.optim: a list's item by its index
+                node = node[int(part)] if isinstance(node, list) else node[part]
             node[name] = value
         try:
             return validate_config(data, type(self.work.cfg))  # the CLI's adds imports
@@ -155,29 +157,31 @@ class RunControl:
     def _check_feedback(self, command: dict[str, Any]) -> dict[str, Any]:
         from agentrt.controller.episodes import EpisodeLog
 
+        self._refuse("feedback")
         eid, value = command.get("episode"), command.get("value")
         if not isinstance(eid, str):
             raise ControlError('feedback needs "episode": an episode id like "s12-3"')
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                 not math.isfinite(value):
             raise ControlError(f"feedback value must be a finite number, not {value!r}")
-        if self.work.offline:
-            raise ControlError("this run trains on offline preference data (data.path): it plays "
-                               "no episodes to give feedback on")
         if EpisodeLog(self.run_dir).get(eid) is None:
             raise ControlError(f"no episode {eid!r} in {self.run_dir}'s episode log (ids look "
                                "like s<step>-<index>; agentrt debug lists a run's)", status=404)
         return {"episode": eid, "value": float(value)}
 
+    def _refuse(self, command: str) -> None:
+        why = self.work.refusal(command)
+        if why is not None:
+            raise ControlError(f"{command} is refused: {why}")
+
     def _check_inject(self, command: dict[str, Any]) -> dict[str, Any]:
+        self._refuse("inject")
         prompts = command.get("prompts")
         if not isinstance(prompts, list) or not prompts or not all(
                 isinstance(p, dict) and isinstance(p.get("prompt"), str) and p["prompt"].strip()
                 and isinstance(p.get("info", {}), dict) for p in prompts):
             raise ControlError('inject needs "prompts": [{"prompt": text, "answer": text?, '
                                '"info": {...}?}, ...]')
-        if self.work.offline:
-            raise ControlError("this run trains on offline preference data: it samples no prompts")
         out = []
         for p in prompts:  # the reward reads the answer from info, as a data row's
             info = dict(p.get("info") or {})
@@ -278,8 +282,10 @@ class RunControl:
         fb = self.cfg.feedback
         trajs, metrics, self.feedback = feedback_groups(self.run_dir, pending, step,
                                                         fb.max_staleness, fb.max_groups_per_step)
-        pid = self.work.pid
-        return {**data, pid: list(data.get(pid, [])) + trajs}, metrics
+        data = dict(data)
+        for pid in dict.fromkeys(t.policy_id for t in trajs):  # to the policy that played them
+            data[pid] = [*data.get(pid, []), *(t for t in trajs if t.policy_id == pid)]
+        return data, metrics
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -290,7 +296,8 @@ class RunControl:
         if not state:
             return
         self.feedback = dict(state.get("feedback") or {})
-        live = {k: v for k, v in (state.get("live") or {}).items() if k in LIVE}
+        fields = self.work.live_fields()
+        live = {k: v for k, v in (state.get("live") or {}).items() if k in fields}
         if live:
             self.live = live
             self.work.reconfigure(ctl, self.validated(live))
