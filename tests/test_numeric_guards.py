@@ -16,7 +16,8 @@ import yaml
 from agentrt.config.sections import GuardsConfig
 from agentrt.controller.guards import RunGuard, RunStopped, nonfinite_tensors
 from agentrt.rewards import score
-from agentrt.controller.run_dir import RunDir, load_checkpoint
+from agentrt.controller.checkpoint import load_checkpoint
+from agentrt.controller.run_dir import RunDir
 
 AGENTRT = [sys.executable, "-m", "agentrt.cli"]
 PROMPTS, GROUP, EVAL = 4, 2, 4
@@ -104,7 +105,7 @@ def test_failing_reward_stops_the_run_with_its_last_checkpoint_intact(tmp_path, 
     assert line.startswith("error: step 2: the reward failed on 100% of the samples"), line
     assert "guards.max_reward_error_rate=0.5" in line
     assert "the checkpoint of step 1 is kept" in line
-    latest = RunDir(run).latest_checkpoint()
+    latest = RunDir(run).checkpoints()[-1]
     assert latest is not None and latest.name == "step_1"
     state = load_checkpoint(latest)
     assert int(state["step"]) == 1

@@ -211,7 +211,7 @@ def test_every_checkpoint_holds_only_tensors_and_plain_data(train_run, league_ru
             manifest = json.loads((ckpt / "manifest.json").read_text())
             assert manifest["format"] == 1 and manifest["step"] == state["step"]
             assert manifest["files"]["state.pt"]["sha256"] == sha256_of(ckpt / "state.pt")
-    baseline = load_checkpoint(RunDir(league_run).latest_checkpoint())["workload"]["baselines"]
+    baseline = load_checkpoint(RunDir(league_run).checkpoints()[-1])["workload"]["baselines"]
     assert set(baseline["random"]) == {"rng", "np_rng"}  # the RNG streams, as data
 
 
@@ -219,7 +219,7 @@ def test_a_scripted_baseline_resumes_its_random_streams() -> None:
     """The baselines' state in a checkpoint restores their moves exactly (no pickling)."""
     import numpy as np
 
-    from agentrt.envs import make_multi
+    from agentrt.envs.registration import make_multi
     from agentrt.policies.base import ActRequest
     from agentrt.policies.scripted import RandomPolicy
 

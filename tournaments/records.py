@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from agentrt.tournaments.ratings import WinMatrix
 from agentrt.tournaments.types import Match, MatchResult, Player, TournamentError
 
 _SCHEMA = """
@@ -230,10 +229,6 @@ class MatchStore:
             yield MatchResult(Match(mid, env, players, int(rnd)), tuple(s[11] for s in seats),
                               int(length), tuple(int(s[12]) for s in seats),
                               json.loads(info)), int(step)
-
-    def win_matrix(self, env: str | None = None, since_step: int | None = None) -> WinMatrix:
-        """The full win/draw matrix over rating identities (player keys)."""
-        return WinMatrix.from_results(r for r, _ in self.results(env, since_step))
 
     def opponent_stats(self, player_key: str, env: str | None = None,
                        since_step: int | None = None) -> dict[str, dict[str, float]]:

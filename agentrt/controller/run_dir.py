@@ -215,10 +215,6 @@ class RunDir:
                  if (m := STEP_FOLDER.fullmatch(p.name)) and p.is_dir()}
         return [found[k] for k in sorted(found)]
 
-    def latest_checkpoint(self) -> Path | None:
-        ckpts = self.checkpoints()
-        return ckpts[-1] if ckpts else None
-
     def load_latest(self) -> tuple[Path, dict[str, Any]] | None:
         """The newest checkpoint that verifies (None: no checkpoint); each newer damaged one is
         one warning line naming it and why.

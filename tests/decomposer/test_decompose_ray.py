@@ -30,7 +30,7 @@ def test_decompose_run_on_ray_plays_the_chains_of_the_local_run(ray_session, tmp
         Decomposer(validate_config(cfg, DecomposeConfig)).run()
         rows = [not_timing(r) for r in RunDir(run_dir).read_metrics()]
         chains = read_jsonl(run_dir / "chains.jsonl")
-        out[backend] = (chains, rows, model_of(RunDir(run_dir).latest_checkpoint(), "reader"))
+        out[backend] = (chains, rows, model_of(RunDir(run_dir).checkpoints()[-1], "reader"))
     (ray_chains, ray_rows, ray_w), (local_chains, local_rows, local_w) = out["ray"], out["local"]
     assert len(local_chains) == 2 * 8 and ray_chains == local_chains
     assert any("runtime/worker_restarts" in r for r in ray_rows)  # a Ray actor pool

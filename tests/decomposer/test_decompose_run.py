@@ -37,7 +37,8 @@ from safetensors.torch import load_file
 from agentrt.config.load import load_config, validate_config
 from agentrt.decomposer.config import DecomposeConfig
 from agentrt.decomposer.workload import Decomposer, DecomposeWorkload, chain_metrics, chain_of
-from agentrt.controller.run_dir import RunDir, load_checkpoint
+from agentrt.controller.checkpoint import load_checkpoint
+from agentrt.controller.run_dir import RunDir
 from agentrt.runner.core import EpisodeRunner
 
 HERE = Path(__file__).parent
@@ -281,7 +282,7 @@ def recorded_steps(path: Path) -> set[int]:
 
 
 def latest_step(run_dir: Path) -> int:
-    ckpt = RunDir(run_dir).latest_checkpoint()
+    ckpt = RunDir(run_dir).checkpoints()[-1]
     return -1 if ckpt is None else int(ckpt.name.split("_")[1])
 
 
@@ -322,7 +323,7 @@ def test_killed_run_resumes_to_the_uninterrupted_chains_and_weights(
         ckpt = latest_step(killed_dir)
         ahead = max(recorded_steps(killed_dir / "chains.jsonl"))
         assert ckpt < ahead, f"killed at checkpoint {ckpt} with no chains past it"
-        at_kill = model_of(RunDir(killed_dir).latest_checkpoint(), "reader")
+        at_kill = model_of(RunDir(killed_dir).checkpoints()[-1], "reader")
 
         # The same command again, and meanwhile the uninterrupted reference in this process.
         resumed = start_run(cfg_path, tmp_path / "resumed.log")
@@ -350,7 +351,7 @@ def test_killed_run_resumes_to_the_uninterrupted_chains_and_weights(
     assert read_jsonl(killed_dir / "eval_chains.jsonl") == read_jsonl(ref_dir / "eval_chains.jsonl")
     # The last checkpoint in full: weights, optimizer and scheduler, RNG states, version, the
     # task sampler and the router (ratings, counts, rng, history, memory records).
-    sa, sb = (load_checkpoint(RunDir(d).latest_checkpoint()) for d in (ref_dir, killed_dir))
+    sa, sb = (load_checkpoint(RunDir(d).checkpoints()[-1]) for d in (ref_dir, killed_dir))
     assert sb["step"] == sa["step"] == KILL_STEPS
     for state in (sa, sb):  # memory records carry a random id and the wall-clock time of writing
         router = state["workload"]["router"]

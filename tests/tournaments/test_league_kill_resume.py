@@ -38,7 +38,8 @@ import yaml
 from agentrt.config.load import validate_config
 from agentrt.config.rollout import SamplingConfig
 from agentrt.config.sections import RuntimeConfig
-from agentrt.controller.run_dir import RunDir, load_checkpoint
+from agentrt.controller.checkpoint import load_checkpoint
+from agentrt.controller.run_dir import RunDir
 
 STEPS = 6
 MIN_CHECKPOINT = 2  # the killed run must have trained past a checkpoint beyond the warm start
@@ -152,7 +153,7 @@ def stored_steps(run_dir: Path) -> set[int]:
 
 
 def checkpoint_step(run_dir: Path) -> int:
-    ckpt = RunDir(run_dir).latest_checkpoint()
+    ckpt = RunDir(run_dir).checkpoints()[-1]
     return -1 if ckpt is None else int(ckpt.name.split("_")[1])
 
 
@@ -170,7 +171,7 @@ def game_prompts(tokenizer) -> list[list[int]]:
     """Prompts as the league's template renders them, from a few positions of real games."""
     import random
 
-    from agentrt.envs import make_multi
+    from agentrt.envs.registration import make_multi
 
     prompts = []
     for seed in range(8):
@@ -254,7 +255,7 @@ def test_killed_ray_vllm_league_resumes_to_the_uninterrupted_records(tmp_path, t
         assert workers, killed.output()[-3000:]
         for folder in adapter_folders(workers):  # a SIGKILLed engine cannot delete its own
             shutil.rmtree(folder, ignore_errors=True)
-        state = load_checkpoint(RunDir(killed_dir).latest_checkpoint())
+        state = load_checkpoint(RunDir(killed_dir).checkpoints()[-1])
 
         # The same command again: a fresh Ray starts and the run resumes from the checkpoint.
         resumed = Run(cfg_path, tmp_path / "resumed.log")
@@ -281,7 +282,7 @@ def test_killed_ray_vllm_league_resumes_to_the_uninterrupted_records(tmp_path, t
     assert len(a) == STEPS * 8
     assert a == b  # same matches, seats, versions and outcomes; none lost or played twice
     assert [r["step"] for r in RunDir(killed_dir).read_metrics()] == list(range(STEPS + 1))
-    final_a, final_b = (load_checkpoint(RunDir(d).latest_checkpoint())["pools"]["lm"]
+    final_a, final_b = (load_checkpoint(RunDir(d).checkpoints()[-1])["pools"]["lm"]
                         for d in (ref_dir, killed_dir))
     assert final_b["policies"]["lm"]["version"] == STEPS
     for k, v in final_a["policies"]["lm"]["model"].items():

@@ -8,8 +8,10 @@ from pathlib import Path
 
 from agentrt.config.load import load_config
 from agentrt.memory import open_bank
-from agentrt.controller.run_dir import RunDir, load_checkpoint
-from agentrt.tournaments import MatchStore, build_leaderboard
+from agentrt.controller.checkpoint import load_checkpoint
+from agentrt.controller.run_dir import RunDir
+from agentrt.tournaments.records import MatchStore
+from agentrt.tournaments.report import build_leaderboard
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.trainer import LeagueTrainer
 
@@ -39,7 +41,7 @@ def test_three_seat_league_schedules_plays_and_rates_three_seat_matches(tmp_path
     assert seats == {0, 1, 2}  # the learner took every seat
     rated = {row.key for row in build_leaderboard(played)}
     assert {"lm", "random", "lm@0", "lm@2"} <= rated  # every entrant and snapshot that played
-    pool = load_checkpoint(RunDir(tmp_path).latest_checkpoint())["pools"]["lm"]
+    pool = load_checkpoint(RunDir(tmp_path).checkpoints()[-1])["pools"]["lm"]
     assert pool["policies"]["lm"]["version"] == 4  # one RL update per step
     assert "actor/loss" in last and "eval/win_rate_seat2_vs_random" in last
     assert "lm@2" in (tmp_path / "report.html").read_text()

@@ -10,8 +10,9 @@ import torch
 
 from agentrt.config.load import load_config
 from agentrt.controller.objectives import outcome_pairs
-from agentrt.controller.run_dir import RunDir, load_checkpoint
-from agentrt.tournaments import MatchStore
+from agentrt.controller.checkpoint import load_checkpoint
+from agentrt.controller.run_dir import RunDir
+from agentrt.tournaments.records import MatchStore
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.trainer import LeagueTrainer
 from agentrt.core.types import Trajectory, Turn
@@ -114,7 +115,7 @@ def test_ppo_dpo_league_on_ray_plays_the_matches_of_the_local_run(ray_session, t
                              "runtime.num_cpus=2", "train.steps=3", "train.games_per_step=32",
                              "eval.every=3", "eval.games=40", "checkpoint.every=3")).run()
         rows = RunDir(run_dir).read_metrics()
-        state = load_checkpoint(RunDir(run_dir).latest_checkpoint())["pools"]
+        state = load_checkpoint(RunDir(run_dir).checkpoints()[-1])["pools"]
         out[backend] = (records(run_dir), rows, {p: state[p]["policies"][p]["model"]
                                                  for p in ("ppo", "dpo")})
     (ray_rec, ray_rows, ray_w), (local_rec, local_rows, local_w) = out["ray"], out["local"]

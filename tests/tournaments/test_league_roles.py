@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from agentrt.config.load import load_config
-from agentrt.controller.run_dir import RunDir, load_checkpoint
-from agentrt.tournaments import MatchStore
+from agentrt.controller.checkpoint import load_checkpoint
+from agentrt.controller.run_dir import RunDir
+from agentrt.tournaments.records import MatchStore
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.trainer import LeagueTrainer
 
@@ -45,7 +46,7 @@ def test_pinned_sides_play_only_their_seats_and_are_evaluated_opposite_their_hag
                for b, s in played), played
     assert {"buyer", "seller"} <= {k for keys in played for k in keys}
     assert any(k.startswith("seller@") for _, k in played)  # snapshots keep their side
-    pools = load_checkpoint(RunDir(tmp_path).latest_checkpoint())["pools"]
+    pools = load_checkpoint(RunDir(tmp_path).checkpoints()[-1])["pools"]
     assert pools["buyer"]["policies"]["buyer"]["version"] == 3
     assert pools["seller"]["policies"]["seller"]["version"] == 3
     final = evals(tmp_path)[3]

@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from agentrt.config.load import load_config
-from agentrt.controller.run_dir import RunDir, load_checkpoint
+from agentrt.controller.checkpoint import load_checkpoint
+from agentrt.controller.run_dir import RunDir
 from agentrt.tournaments.records import MatchStore
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.trainer import LeagueTrainer
@@ -28,7 +29,7 @@ def run(run_dir: Path, backend: str) -> tuple[list, dict[str, torch.Tensor]]:
                          for r, step in store.results())
     finally:
         store.close()
-    state = load_checkpoint(RunDir(run_dir).latest_checkpoint())
+    state = load_checkpoint(RunDir(run_dir).checkpoints()[-1])
     return records, state["pools"]["lm"]["policies"]["lm"]["model"]
 
 
@@ -40,5 +41,5 @@ def test_ray_and_local_leagues_play_the_same_matches_and_end_at_the_same_weights
     assert ray_records == local_records  # ids, seats (keys in seat order), outcomes, steps
     worst = max(float((ray_weights[k] - local_weights[k]).abs().max()) for k in local_weights)
     assert worst < 1e-5, worst
-    snaps = load_checkpoint(RunDir(tmp_path / "ray").latest_checkpoint())["pools"]["lm"]
+    snaps = load_checkpoint(RunDir(tmp_path / "ray").checkpoints()[-1])["pools"]["lm"]
     assert "lm@0" in snaps["snapshots"]  # the frozen opponent lives in the learner's Ray pool

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from agentrt.config.load import load_config, validate_config
-from agentrt.tournaments import MatchStore, build_leaderboard
+from agentrt.tournaments.records import MatchStore
+from agentrt.tournaments.report import build_leaderboard
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.trainer import LeagueTrainer
 
@@ -47,9 +48,10 @@ def records(run_dir):
 
 
 def last_state(run_dir: Path) -> dict:
-    from agentrt.controller.run_dir import RunDir, load_checkpoint
+    from agentrt.controller.checkpoint import load_checkpoint
+    from agentrt.controller.run_dir import RunDir
 
-    return load_checkpoint(RunDir(run_dir).latest_checkpoint())
+    return load_checkpoint(RunDir(run_dir).checkpoints()[-1])
 
 
 def test_only_learners_train_and_snapshots_stay_frozen(tmp_path, tiny_model_dir):
