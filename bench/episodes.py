@@ -20,17 +20,12 @@ import torch
 
 from agentrt.config.rollout import RolloutConfig, SamplingConfig
 from agentrt.config.sections import ModelConfig, PolicyConfig
-from agentrt.runtime.learner import HybridEngine
-from agentrt.policies import (
-    ConnectFourHeuristic,
-    KuhnPolicy,
-    LMPolicy,
-    MinimaxTicTacToe,
-    PromptTemplate,
-    RandomPolicy,
-    build_model,
-)
-from agentrt.runner import EpisodeRunner, RunnerConfig, specs
+from agentrt.runtime.learner import Learner
+from agentrt.policies.lm import LMPolicy, PromptTemplate
+from agentrt.policies.models import build_model
+from agentrt.policies.scripted import (ConnectFourHeuristic, KuhnPolicy, MinimaxTicTacToe,
+                                       RandomPolicy)
+from agentrt.runner.core import EpisodeRunner, RunnerConfig, specs
 
 
 def games_per_s(runner: EpisodeRunner, env: str, players: tuple[str, ...], n: int,
@@ -66,7 +61,7 @@ def lm_rows(args: argparse.Namespace) -> tuple[float, float, dict[str, float]]:
     cfg = PolicyConfig(id="lm", model=ModelConfig(path=str(folder)),
                        rollout=RolloutConfig(batch_size=args.lm_games, sampling=SamplingConfig(
                            max_new_tokens=args.max_new_tokens)))
-    engine = HybridEngine(cfg, seed=0)
+    engine = Learner(cfg, seed=0)
     template = PromptTemplate(first="{observation}\n> ", turn="\n{observation}\n> ")
     policies = {"lm": LMPolicy(engine, templates=template), "rand": RandomPolicy(0)}
 

@@ -77,7 +77,7 @@ def freeze(arm: str, pool: Any, pid: str, tag: str) -> Any:
         return pool.snapshot(pid, tag)
     from agentrt.runtime.rollout.hf import HFRollout
 
-    model = copy.deepcopy(pool.engine.model)
+    model = copy.deepcopy(pool.learner.model)
     model.set_adapter(pid)
     return HFRollout(model, pool.tokenizer, pool.policies[pid].rollout.sampling)
 
@@ -98,7 +98,7 @@ def run_arm(arm: str, model_dir: str, snapshots: int, prompts_n: int, new_tokens
         grpo_step(pools[pid], pid, prompts)
     # What one snapshot holds: the learner's trainable weights (an adapter, or every weight),
     # or for a deep copy the whole module. Read here, before the league, as weights() clones.
-    snap_bytes = (sum(t.nbytes for t in pools["p0"].engine.model.state_dict().values())
+    snap_bytes = (sum(t.nbytes for t in pools["p0"].learner.model.state_dict().values())
                   if arm == "deepcopies" else
                   sum(t.nbytes for t in pools["p0"].weights("p0").values()))
     rss_warm = psutil.Process().memory_info().rss

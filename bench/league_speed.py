@@ -3,7 +3,7 @@
 ``make demo``'s config (examples/ttt_league.yaml) run for a few steps by two code bases, side by
 side in one run: this checkout (one controller loop, the learner in a pool, snapshots as CPU
 weights swapped into the live model) and the commit before the runtime landed (8857db1: its own
-loop, one HybridEngine per policy, snapshots as deep-copied models served by their own HF
+loop, one Learner per policy, snapshots as deep-copied models served by their own HF
 rollout). The old code is exported with ``git archive`` and installed into a temporary folder;
 each arm runs in its own subprocess with the same threads and seed, arms alternate, and the
 first round of each arm is a warm-up. Prints seconds per step (median over rounds) and the ratio.

@@ -113,8 +113,10 @@ def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float
     from agentrt.algos.config import AlgorithmConfig
     from agentrt.config.rollout import SamplingConfig
     from agentrt.config.sections import ModelConfig, PolicyConfig
-    from agentrt.runtime.learner import HybridEngine
-    from agentrt.policies import build_model
+    from agentrt.algos.rae import RAEState
+    from agentrt.runtime.learner import Learner
+    from agentrt.runtime.steps import advantages_from
+    from agentrt.policies.models import build_model
     from agentrt.envs.tasks import encode_prompt, make_splits
     from agentrt.core.types import Trajectory, Turn, collate
 
@@ -125,7 +127,7 @@ def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float
                                 "batch_size": a.batch},
                        algorithm=AlgorithmConfig(name="grpo"), micro_batch_size=a.batch,
                        compile=a.compile)
-    eng = HybridEngine(cfg, seed=0)
+    eng = Learner(cfg, seed=0)
     train, _ = make_splits("arithmetic", {"digits": 2, "ops": ["+"]}, a.batch, 8, 0)
     prompts = [encode_prompt(eng.tokenizer, ex.prompt) for ex in train[:a.batch]]
     eng.generate(prompts[:8])  # warm-up (and the decode step's compile)
@@ -135,7 +137,7 @@ def measure(preset: str, a: argparse.Namespace, folder: Path) -> dict[str, float
                                     group_id=str(i // 8))
                          for i, (p, c) in enumerate(zip(prompts, comps))], eng.pad_id)
         eng.prepare(batch)
-        eng.compute_advantages(batch)
+        advantages_from(batch, eng.algo, eng.kl_coef, RAEState.for_algorithm(eng.algo))
         return batch
 
     if a.compile:  # the update's compile and the full batch's shapes, outside the timings

@@ -43,8 +43,10 @@ import torch
 from agentrt.algos.config import AlgorithmConfig
 from agentrt.config.rollout import SamplingConfig
 from agentrt.config.sections import ModelConfig, PolicyConfig
-from agentrt.runtime.learner import HybridEngine
-from agentrt.policies import build_model
+from agentrt.algos.rae import RAEState
+from agentrt.runtime.learner import Learner
+from agentrt.runtime.steps import advantages_from
+from agentrt.policies.models import build_model
 from agentrt.envs.tasks import encode_prompt, make_splits
 from agentrt.core.types import TrainBatch, Trajectory, Turn, collate
 
@@ -74,27 +76,27 @@ def rollouts(tokenizer, long: bool, seed: int = 0) -> TrainBatch:
 
 
 def engine(folder: Path, budget: int | None, packing: bool, share: bool = False,
-           optim: dict | None = None) -> HybridEngine:
+           optim: dict | None = None) -> Learner:
     cfg = PolicyConfig(model=ModelConfig(path=str(folder)), micro_batch_size=PROMPTS * GROUP,
                        micro_batch_tokens=budget, packing=packing, share_prefix=share and packing,
                        algorithm=AlgorithmConfig(name="grpo", kl={"coef": 0.0}),
                        rollout={"sampling": SamplingConfig(temperature=1.0, max_new_tokens=64)},
                        optim=optim or {"lr": 1e-6})
-    return HybridEngine(cfg, seed=0)
+    return Learner(cfg, seed=0)
 
 
-def train_step(eng: HybridEngine, batch: TrainBatch
+def train_step(eng: Learner, batch: TrainBatch
                ) -> tuple[tuple[float, float], dict[str, float]]:
     """(wall, CPU) seconds of one trainer step on a copy of ``batch``, and its metrics."""
     b = batch.select(list(range(batch.size)))
     wall, cpu = time.perf_counter(), time.process_time()
     metrics = eng.prepare(b)
-    metrics |= eng.compute_advantages(b)
+    metrics |= advantages_from(b, eng.algo, eng.kl_coef, RAEState.for_algorithm(eng.algo))
     metrics |= eng.update(b)
     return (time.perf_counter() - wall, time.process_time() - cpu), metrics
 
 
-def weight_step(eng: HybridEngine, batch: TrainBatch) -> tuple[torch.Tensor, float]:
+def weight_step(eng: Learner, batch: TrainBatch) -> tuple[torch.Tensor, float]:
     before = [p.detach().clone() for p in eng.parameters()]
     _, metrics = train_step(eng, batch)
     step = torch.cat([(p.detach() - q).flatten() for p, q in zip(eng.parameters(), before)])
@@ -108,7 +110,7 @@ def run_batch(name: str, folder: Path, arms: dict, batch: TrainBatch, reps: int)
     engines = {arm: engine(folder, *kw) for arm, kw in arms.items()}
     pads = {}
     for arm, eng in engines.items():  # warm-up, and the padding of one step
-        eng.padding_metrics()
+        eng.passes.padding_metrics()
         _, m = train_step(eng, batch)
         pads[arm] = m
     times: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}

@@ -9,7 +9,7 @@ in the same run (bench/mfu.py's GEMM peak and FLOP count: linear layers + attent
 generated tokens; prefill not counted). Prompts: 16 random tokens; T = 1, no top-k/top-p.
 
 Without ``--decode``: for each model size (llama-tiny and llama-small by default) it builds the
-model, starts the HF backend (a HybridEngine: ``rollout.decode`` auto, the static loop on these
+model, starts the HF backend (a Learner: ``rollout.decode`` auto, the static loop on these
 models) and a vLLM engine over the same weights, warms both up, then reports
 
 * tokens/s (generated tokens per second of wall time) of both on
@@ -49,9 +49,9 @@ import torch
 
 from agentrt.config.rollout import RolloutConfig, SamplingConfig, VLLMConfig
 from agentrt.config.sections import ModelConfig, PolicyConfig
-from agentrt.runtime.learner import HybridEngine
-from agentrt.policies import build_model
-from agentrt.runtime.rollout import VLLMRollout
+from agentrt.runtime.learner import Learner
+from agentrt.policies.models import build_model
+from agentrt.runtime.rollout.vllm_backend import VLLMRollout
 from agentrt.core.types import Trajectory, Turn, collate
 
 VLLM_CFG = VLLMConfig(kv_cache_gib=0.5, max_model_len=1024, max_num_seqs=128)
@@ -109,7 +109,7 @@ print(time.perf_counter() - start)
 """
 
 
-def sync_vs_reload(trainer: HybridEngine, rollout: VLLMRollout, workdir: Path,
+def sync_vs_reload(trainer: Learner, rollout: VLLMRollout, workdir: Path,
                    process_restart: bool) -> dict[str, float]:
     """Median in-place sync against reloads from disk (same process; optionally a new process)."""
     state = trainer.model.state_dict()
@@ -133,7 +133,7 @@ def sync_vs_reload(trainer: HybridEngine, rollout: VLLMRollout, workdir: Path,
     return out
 
 
-def logprob_gap(trainer: HybridEngine, rollout: VLLMRollout) -> float:
+def logprob_gap(trainer: Learner, rollout: VLLMRollout) -> float:
     prompts = uniform_prompts(32, 24, seed=3)
     comps = rollout.generate(prompts, trainer.cfg.rollout.sampling, seeds=range(len(prompts)))
     batch = collate([Trajectory([Turn(p, c.response_ids, c.logprobs)])
@@ -148,7 +148,7 @@ def bench_size(preset: str, workdir: Path, process_restart: bool, repeats: int
     sampling = SamplingConfig(temperature=0.8, max_new_tokens=32)
     cfg = PolicyConfig(model=ModelConfig(path=str(folder)),
                        rollout=RolloutConfig(sampling=sampling, vllm=VLLM_CFG))
-    trainer = HybridEngine(cfg, seed=0)
+    trainer = Learner(cfg, seed=0)
     start = time.perf_counter()
     rollout = VLLMRollout(folder, VLLM_CFG)
     startup = time.perf_counter() - start

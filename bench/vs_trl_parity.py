@@ -15,7 +15,9 @@ def run_parity(a: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from agentrt.runtime.learner import HybridEngine
+    from agentrt.algos.rae import RAEState
+    from agentrt.runtime.learner import Learner
+    from agentrt.runtime.steps import advantages_from
     from agentrt.rewards import exact_match
     from agentrt.envs.tasks import encode_prompt
     from agentrt.core.types import Trajectory, Turn, collate
@@ -23,7 +25,7 @@ def run_parity(a: argparse.Namespace) -> dict:
     cfg = agentrt_config(a.model_dir, a.tokens, 1, "unused", a.threads, "hf", a.set,
                          a.precision).policy
     torch.manual_seed(SEED)
-    eng = HybridEngine(cfg, seed=SEED)
+    eng = Learner(cfg, seed=SEED)
     tok = eng.tokenizer
     exs = [ex for ex in examples(4, SEED + 7) for _ in range(GROUP)]
     prompts = [encode_prompt(tok, ex.prompt) for ex in exs]
@@ -39,7 +41,7 @@ def run_parity(a: argparse.Namespace) -> dict:
     ours_dt = matmul_dtypes(eng.model, lambda: "update")
     ours_lp = eng.logprobs(batch)
     eng.prepare(batch)
-    eng.compute_advantages(batch)
+    advantages_from(batch, eng.algo, eng.kl_coef, RAEState.for_algorithm(eng.algo))
     ours_adv = batch.advantages.max(-1).values + batch.advantages.min(-1).values  # per row
     step = eng.update(batch)  # its loss and gradient norm are taken before the step
     ours_loss, ours_grad = step["actor/loss"], step["actor/grad_norm"]

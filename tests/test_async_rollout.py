@@ -99,7 +99,7 @@ def test_stale_samples_use_their_behaviour_logprobs(nano_dir):
     pool.train(trajectories(pool.generate(prompts), pool.version))  # version 0 -> 1
     assert [t.policy_version for t in old] == [0] * 8 and pool.version == 1
     batch = collate(old, pool.pad_id)
-    now = pool.engine.logprobs(batch)  # the learner's log-probs at version 1
+    now = pool.learner.logprobs(batch)  # the learner's log-probs at version 1
     mask = batch.loss_mask
     expected = float(((batch.old_logprobs - now) * mask).sum() / mask.sum())
     assert abs(expected) > 1e-4  # the update moved the policy: the lag is visible
@@ -140,7 +140,7 @@ def test_lora_copy_shares_the_frozen_base(tmp_path, nano_dir):
     def lag(samples: list[Trajectory]) -> float:
         """Largest gap between the copy's log-probs and the learner's on the copy's samples."""
         batch = collate(samples, pool.pad_id)
-        return float(((batch.old_logprobs - pool.engine.logprobs(batch)) * batch.loss_mask)
+        return float(((batch.old_logprobs - pool.learner.logprobs(batch)) * batch.loss_mask)
                      .abs().max())
 
     copy.sync()

@@ -7,13 +7,15 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from agentrt.config.sections import LoraConfig, ModelConfig, PolicyConfig, SamplingConfig
-from agentrt.runtime.learner import HybridEngine
-from agentrt.policies import build_model
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.sections import LoraConfig, ModelConfig, PolicyConfig
+from agentrt.runtime.learner import Learner
+from agentrt.policies.models import build_model
 from agentrt.core.types import Trajectory, Turn, collate
+from test_engine import advantages
 
 
-def batch_of(engine: HybridEngine, prompts: list[str], group: int):
+def batch_of(engine: Learner, prompts: list[str], group: int):
     tok = engine.tokenizer
     ids = [[tok.bos_token_id] + tok.encode(p) for p in prompts for _ in range(group)]
     trajs = [Trajectory([Turn(p, c.response_ids, c.logprobs, reward=float(i % 3))],
@@ -24,7 +26,7 @@ def batch_of(engine: HybridEngine, prompts: list[str], group: int):
 
 def test_compiled_update_equals_eager(tmp_path):
     path = build_model(tmp_path / "nano", "llama-nano", seed=0, num_hidden_layers=1)
-    engines = [HybridEngine(PolicyConfig(
+    engines = [Learner(PolicyConfig(
         model=ModelConfig(path=str(path)), compile=on, optim={"lr": 1e-6},
         rollout={"sampling": SamplingConfig(max_new_tokens=12)}), seed=0) for on in (False, True)]
     eager, compiled = engines
@@ -36,7 +38,7 @@ def test_compiled_update_equals_eager(tmp_path):
         metrics = []
         for eng in engines:
             b = batch.select(list(range(batch.size)))
-            metrics.append(eng.prepare(b) | eng.compute_advantages(b) | eng.update(b))
+            metrics.append(eng.prepare(b) | advantages(eng, b) | eng.update(b))
         assert graphs["unique_graphs"] - before == (1 if i == 0 else 0)  # compiled once
         assert metrics[0]["actor/grad_norm"] > 0
         for key in ("actor/loss", "actor/grad_norm", "actor/entropy"):

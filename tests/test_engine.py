@@ -1,4 +1,4 @@
-"""Hybrid engine: rollout log-probs, reference models, accumulation, dtypes, bad steps."""
+"""The learner: rollout log-probs, reference models, accumulation, dtypes, bad steps."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import functools
 import pytest
 import torch
 
-from agentrt.config.sections import AlgorithmConfig, LoraConfig, ModelConfig, PolicyConfig, SamplingConfig
-from agentrt.runtime.learner import HybridEngine
-from agentrt.runtime.losses import policy_loss
+from agentrt.algos.config import AlgorithmConfig
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.sections import LoraConfig, ModelConfig, PolicyConfig
+from agentrt.algos.rae import RAEState
+from agentrt.runtime.learner import Learner
+from agentrt.runtime.steps import advantages_from
 from agentrt.core.errors import ModelLoadError
 from agentrt.policies import load_model
 from agentrt.core.types import Trajectory, Turn, collate
@@ -22,7 +25,13 @@ def make_engine(model_dir, **policy):
     policy.setdefault("rollout", {"sampling": SamplingConfig(max_new_tokens=6)})
     cfg = PolicyConfig(model=ModelConfig(path=str(model_dir), **policy.pop("model", {})),
                        algorithm=algo, **policy)
-    return HybridEngine(cfg, seed=0)
+    return Learner(cfg, seed=0)
+
+
+def advantages(engine, batch):
+    """Fills the batch's advantages as a pool's driver does between ``prepare`` and ``update``
+    (:func:`agentrt.runtime.steps.advantages_from`; fresh RAE baselines)."""
+    return advantages_from(batch, engine.algo, engine.kl_coef, RAEState.for_algorithm(engine.algo))
 
 
 def rollout_batch(engine, group=4, rewards=None):
@@ -68,7 +77,7 @@ def test_rollout_logprobs_match_recomputed(tiny_model_dir, lora, old):
                                                      for c in comps)
     metrics = eng.prepare(batch)
     assert ("rollout/logprob_diff" in metrics) == (old == "recompute")
-    metrics |= eng.compute_advantages(batch) | eng.update(batch)
+    metrics |= advantages(eng, batch) | eng.update(batch)
     # Left-padded cached generation vs right-padded full forward: same math, float32 rounding.
     assert 0.0 < metrics["rollout/logprob_diff"] < 1e-5
 
@@ -84,7 +93,7 @@ def test_old_logprobs_from_the_update_give_the_recomputed_step(tiny_model_dir):
     params, metrics = [], []
     for eng in engines:
         b = batch.select(list(range(batch.size)))
-        metrics.append(eng.prepare(b) | eng.compute_advantages(b) | eng.update(b))
+        metrics.append(eng.prepare(b) | advantages(eng, b) | eng.update(b))
         params.append(params_of(eng))
     assert [e.old_logprobs_source(batch) for e in engines] == ["recompute", "update"]
     assert metrics[0]["actor/grad_norm"] > 0 and metrics[1]["actor/ppo_kl"] == 0.0
@@ -136,7 +145,7 @@ def test_rollout_old_logprobs_give_the_recomputed_steps_and_a_gap_turns_them_off
     params, metrics = [], []
     for eng in engines:
         b = batch.select(list(range(batch.size)))
-        metrics.append(eng.prepare(b) | eng.compute_advantages(b) | eng.update(b))
+        metrics.append(eng.prepare(b) | advantages(eng, b) | eng.update(b))
         params.append(params_of(eng))
     assert [e.old_logprobs_source(batch) for e in engines] == ["recompute", "rollout"]
     assert all(0.0 < m["rollout/logprob_diff"] < 1e-5 for m in metrics)
@@ -150,7 +159,7 @@ def test_rollout_old_logprobs_give_the_recomputed_steps_and_a_gap_turns_them_off
     auto = engines[1]
     off, _ = rollout_batch(auto)
     off.old_logprobs = off.old_logprobs + 0.05 * off.loss_mask  # the rollout's numerics drift
-    gap = auto.prepare(off) | auto.compute_advantages(off) | auto.update(off)
+    gap = auto.prepare(off) | advantages(auto, off) | auto.update(off)
     assert gap["rollout/logprob_diff"] == pytest.approx(0.05, abs=1e-4)
     assert auto.old_logprobs_source(off) == "recompute"
 
@@ -167,12 +176,12 @@ def test_lora_reference_is_the_base_with_adapter_disabled(tiny_model_dir):
     algo = AlgorithmConfig(kl={"coef": 0.1})
     eng = make_engine(tiny_model_dir, lora=LoraConfig(enabled=True), algorithm=algo,
                       optim={"lr": 1e-2})
-    assert eng.reference is None
+    assert eng.reference.name is None
     base_before = {k: v.clone() for k, v in eng.model.named_parameters() if "lora" not in k}
     batch, _ = rollout_batch(eng)
     eng.prepare(batch)
     torch.testing.assert_close(batch.ref_logprobs, eng.logprobs(batch))  # LoRA B starts at 0
-    eng.compute_advantages(batch)
+    advantages(eng, batch)
     m = eng.update(batch)
     assert m["actor/kl"] == pytest.approx(0.0, abs=1e-6) and m["actor/skipped"] == 0
     for k, v in eng.model.named_parameters():
@@ -188,7 +197,7 @@ def test_full_weight_reference_stays_frozen(tiny_model_dir):
     batch, _ = rollout_batch(eng)
     eng.prepare(batch)
     ref_before = batch.ref_logprobs.clone()
-    eng.compute_advantages(batch)
+    advantages(eng, batch)
     eng.update(batch)
     eng.prepare(batch)
     torch.testing.assert_close(batch.ref_logprobs, ref_before)
@@ -202,9 +211,9 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny_model_dir):
     for eng in engines:
         b = batch.select(list(range(batch.size)))
         eng.prepare(b)
-        eng.compute_advantages(b)
+        advantages(eng, b)
         params = [p for p in eng.model.parameters()]
-        loss_fn = functools.partial(policy_loss, eng, old_from_update=True)  # as update does
+        loss_fn = functools.partial(eng.actor_loss, old_from_update=True)  # as update does
         eng.optimize(b, loss_fn, torch.optim.SGD(params, lr=0.0), params, "actor")
         # the accumulated (clipped) gradient: a weight step would round to the weights' ulp
         steps.append(torch.cat([p.grad.flatten() for p in params]))
@@ -217,7 +226,7 @@ def test_bf16_autocast_trains(tiny_model_dir):
     before = params_of(eng)
     batch, _ = rollout_batch(eng)
     eng.prepare(batch)
-    eng.compute_advantages(batch)
+    advantages(eng, batch)
     m = eng.update(batch)
     assert m["actor/skipped"] == 0 and torch.isfinite(torch.tensor(m["actor/grad_norm"]))
     after = params_of(eng)
@@ -232,7 +241,7 @@ def test_ppo_critic_learns_the_returns(tiny_model_dir):
     losses = []
     for _ in range(4):
         eng.prepare(batch)
-        eng.compute_advantages(batch)
+        advantages(eng, batch)
         losses.append(eng.update(batch)["critic/vf_loss"])
     assert losses[-1] < 0.5 * losses[0]
 
@@ -241,7 +250,7 @@ def test_non_finite_loss_skips_the_step(tiny_model_dir):
     eng = make_engine(tiny_model_dir)
     batch, _ = rollout_batch(eng)
     eng.prepare(batch)
-    eng.compute_advantages(batch)
+    advantages(eng, batch)
     batch.advantages = batch.advantages * float("nan")
     before = params_of(eng)
     m = eng.update(batch)
@@ -255,7 +264,7 @@ def test_state_dict_round_trip(tiny_model_dir):
     a = make_engine(tiny_model_dir, lora=LoraConfig(enabled=True), optim={"lr": 1e-2})
     batch, _ = rollout_batch(a)
     a.prepare(batch)
-    a.compute_advantages(batch)
+    advantages(a, batch)
     a.update(batch)
     b = make_engine(tiny_model_dir, lora=LoraConfig(enabled=True), optim={"lr": 1e-2})
     b.load_state_dict(a.state_dict())
@@ -294,7 +303,7 @@ def test_loss_metrics_do_not_depend_on_the_micro_batch_size(tiny_model_dir):
     for eng in engines:
         b = batch.select(list(range(batch.size)))
         eng.prepare(b)
-        eng.compute_advantages(b)
+        advantages(eng, b)
         out.append(eng.update(b))
     for key in ("actor/pg_loss", "actor/entropy", "actor/kl", "actor/loss"):
         assert out[0][key] == pytest.approx(out[1][key], rel=1e-4, abs=1e-7), key
@@ -305,9 +314,9 @@ def test_reference_rebased_after_warm_start_survives_a_checkpoint(tiny_model_dir
                       optim={"lr": 1e-2})
     batch, _ = rollout_batch(eng)
     eng.prepare(batch)
-    eng.compute_advantages(batch)
+    advantages(eng, batch)
     eng.update(batch)  # stands in for a warm start
-    eng.reset_reference()
+    eng.reference.rebase()
     eng.prepare(batch)
     torch.testing.assert_close(batch.ref_logprobs, eng.logprobs(batch))  # ref == current policy
     other = make_engine(tiny_model_dir, algorithm=AlgorithmConfig(kl={"coef": 0.1}))
@@ -330,7 +339,7 @@ def test_lora_dropout_is_off_in_rl_updates_so_the_first_ratio_is_one(tiny_model_
                 p.normal_(0.0, 0.5)
     batch, _ = rollout_batch(eng)
     eng.prepare(batch)
-    eng.compute_advantages(batch)
+    advantages(eng, batch)
     m = eng.update(batch)  # one mini-batch, one epoch: the ratio of its only step
     if train_dropout:
         assert abs(m["actor/ppo_kl"]) > 1e-3
@@ -347,7 +356,7 @@ def test_warm_start_end_rebases_the_critic_on_the_warm_started_body(tiny_model_d
                        algorithm=AlgorithmConfig(name="ppo"),
                        rollout={"sampling": SamplingConfig(max_new_tokens=4)})
     worker = PolicyWorker([cfg])
-    eng = worker.engines[cfg.id]
+    eng = worker.learners[cfg.id]
     batch, _ = rollout_batch(eng)
     worker.sft_step(batch, SFTConfig(steps=1, lr=1e-2))
     body = dict(eng.critic.body.named_parameters())

@@ -106,7 +106,7 @@ def test_failing_reward_stops_the_run_with_its_last_checkpoint_intact(tmp_path, 
     assert "guards.max_reward_error_rate=0.5" in line
     assert "the checkpoint of step 1 is kept" in line
     latest = RunDir(run).checkpoints()[-1]
-    assert latest is not None and latest.name == "step_1"
+    assert latest.name == "step_1"
     state = load_checkpoint(latest)
     assert int(state["step"]) == 1
     weights = [t for t in _tensors(state) if t.is_floating_point()]

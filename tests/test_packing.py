@@ -12,7 +12,8 @@ from agentrt.core.errors import ConfigError
 from agentrt.runtime import packing
 from agentrt.runtime.packing import layout, plan_micro_batches
 from agentrt.core.types import Trajectory, Turn, collate
-from test_engine import make_engine, params_of
+from agentrt.workloads.prompts.config import TrainConfig
+from test_engine import advantages, make_engine, params_of
 
 BUDGET = 96  # small enough that rows of several lengths need several micro-batches
 
@@ -46,7 +47,7 @@ def update_steps(engines: dict, batch) -> tuple[dict, dict]:
     for name, eng in engines.items():
         b = batch.select(list(range(batch.size)))
         eng.prepare(b)
-        eng.compute_advantages(b)
+        advantages(eng, b)
         metrics[name] = eng.update(b)
         steps[name] = torch.cat([(p - before[k]).flatten() for k, p in params_of(eng).items()])
     return steps, metrics
@@ -62,8 +63,8 @@ def test_packed_and_bucketed_logprobs_equal_the_padded_ones(tiny_model_dir, lora
     assert lay.input_ids.shape[0] < batch.size  # short sequences really share rows
     out = {}
     for arm, eng in engines.items():
-        eng.padding_metrics()  # the engine's own start-up probe is not this batch's
-        out[arm] = (eng.logprobs(batch), eng.padding_metrics())
+        eng.passes.padding_metrics()  # the engine's own start-up probe is not this batch's
+        out[arm] = (eng.logprobs(batch), eng.passes.padding_metrics())
     padded_lp, padded = out["padded"]
     assert padded_lp.abs().sum() > 0
     for arm in ("bucketed", "packed", "shared"):
@@ -71,7 +72,7 @@ def test_packed_and_bucketed_logprobs_equal_the_padded_ones(tiny_model_dir, lora
     assert out["shared"][1]["perf/shared_tokens"] > 0
     assert out["packed"][1]["perf/shared_tokens"] == 0
     # length buckets keep a prompt's rows together (rows 0-3, 8-11, 16-19 share one each)
-    parts = engines["shared"].micro_batches(batch)
+    parts = engines["shared"].passes.micro_batches(batch)
     assert len(parts) > 1
     for first in (0, 8, 16):
         assert any(set(range(first, first + 4)) <= set(part) for part in parts)
@@ -152,7 +153,7 @@ def test_critic_values_are_the_same_packed(tiny_model_dir):
     for eng in engines:  # a critic head at 0 gives 0 everywhere: make it read the body
         torch.nn.init.normal_(eng.critic.head.weight, generator=torch.Generator().manual_seed(0))
     batch = varied_batch(engines[0].pad_id, seed=2)
-    padded, packed = (eng.values(batch) for eng in engines)
+    padded, packed = (eng.passes.values(eng.critic, batch) for eng in engines)
     assert padded.abs().sum() > 0
     torch.testing.assert_close(packed, padded, atol=2e-5, rtol=0)
 

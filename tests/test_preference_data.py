@@ -241,26 +241,26 @@ def test_tournament_pairs_take_matched_turns_of_winner_and_loser():
     assert ex.responses == [[20, 2], [40, 2]]
 
 
-def test_tournament_pairs_train_an_online_dpo_engine(tiny_model_dir):
-    from agentrt.runtime.learner import HybridEngine
-    from agentrt.runtime.preference import preference_step
+def test_tournament_pairs_train_an_online_dpo_policy(tiny_model_dir):
+    from agentrt.runtime.worker import PolicyWorker
 
     cfg = PolicyConfig(model={"path": str(tiny_model_dir)}, optim={"lr": 1e-3},
                        algorithm={"name": "dpo", "online": True, "beta": 0.5})
-    eng = HybridEngine(cfg, seed=0)
-    assert eng.needs_reference and eng.reference is not None
+    worker = PolicyWorker([cfg], seed=0)  # what a pool's preference_step calls
+    eng = worker.learners[cfg.id]
+    assert eng.reference.needed and eng.reference.name is not None
     w = Trajectory([turn([1, 10], [20, 2]), turn([1, 10, 20, 2, 30], [21, 2])],
                    episode_id="m", outcome=1.0)
     lo = Trajectory([turn([1, 11], [25, 2]), turn([1, 11, 25, 2, 31], [26, 2])],
                     episode_id="m", outcome=0.0)
     pairs = tournament_pairs([w, lo])
     before = [p.detach().clone() for p in eng.model.parameters()]
-    first = preference_step(eng, pairs)
+    first = worker.preference_step(pairs)
     assert first["actor/loss"] == pytest.approx(torch.log(torch.tensor(2.0)).item(), abs=1e-5)
     assert first["pref/accuracy"] == pytest.approx(0.5)  # policy == reference: a tie
     assert all(p.ref_logps is not None for p in pairs)
     for _ in range(5):
-        last = preference_step(eng, pairs)
+        last = worker.preference_step(pairs)
     assert last["pref/margin"] > 0 and last["pref/accuracy"] == 1.0
     assert any(not torch.equal(a, b) for a, b in zip(before, eng.model.parameters()))
     assert eng.version == 6

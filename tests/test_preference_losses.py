@@ -187,22 +187,25 @@ def test_dpo_small_beta_gradient_is_the_log_ratio_difference_direction(tiny_mode
 def test_chosen_nll_term_adds_the_per_token_nll_of_the_best_responses(tiny_model_dir):
     """RPO: loss = preference loss + coef * mean over examples of -log p(best) / its length."""
     from agentrt.config.sections import PolicyConfig
-    from agentrt.runtime.learner import HybridEngine
+    from agentrt.runtime.learner import Learner
     from agentrt.runtime.preference import PreferenceExample, make_batch
 
     def engine(coef):
-        return HybridEngine(PolicyConfig(model={"path": str(tiny_model_dir)}, algorithm={
+        return Learner(PolicyConfig(model={"path": str(tiny_model_dir)}, algorithm={
             "name": "dpo", "online": False, "chosen_nll_coef": coef}), seed=0)
 
     plain, rpo = engine(0.0), engine(0.5)
+    def policy_logprobs(learner, batch):  # the learner's forward pass, as its update runs it
+        return learner.passes.forward(learner.model, batch.seqs, scaled=False).logprobs()
+
     tok = plain.tokenizer
     examples = [PreferenceExample("", [[1, 30, 31]] * 2, [[40, 41, 2], [42, 2]], [0, 1]),
                 PreferenceExample("", [[1, 33]] * 3, [[43, 2], [44, 45, 46, 2], [47, 2]],
                                   [1, 0, 2])]
     batch = make_batch(examples, tok.pad_token_id)
     batch.ref_logps = torch.tensor([-3.0, -2.0, -1.0, -4.0, -2.5])
-    base, _ = preference_loss(plain, batch, 5.0, 2.0)
-    with_nll, m = preference_loss(rpo, batch, 5.0, 2.0)
+    base, _ = preference_loss(policy_logprobs(plain, batch), batch, plain.algo, 2.0)
+    with_nll, m = preference_loss(policy_logprobs(rpo, batch), batch, rpo.algo, 2.0)
     lp = sequence_logps(plain.logprobs(batch.seqs, scaled=False), batch.seqs.loss_mask)
     nll_best = [-float(lp[0]) / 3, -float(lp[3]) / 4]  # row 0 (3 tokens), row 3 (4 tokens)
     expected = float(base) + 0.5 * sum(nll_best) / 2

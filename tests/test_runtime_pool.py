@@ -51,20 +51,24 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def test_local_pool_is_the_engine_loop_bit_for_bit(tiny_model_dir):
-    """The in-process path through a pool gives exactly the engine's prepare/advantages/update
-    (the single-policy run's results did not change)."""
-    from agentrt.runtime.learner import HybridEngine
+def test_local_pool_is_the_learner_loop_bit_for_bit(tiny_model_dir):
+    """The in-process path through a pool gives exactly the learner's prepare, the advantages
+    and the learner's update (the single-policy run's results did not change)."""
+    from agentrt.algos.rae import RAEState
     from agentrt.core.types import collate
+    from agentrt.runtime.learner import Learner
+    from agentrt.runtime.steps import advantages_from
 
     cfg = ppo_policy(tiny_model_dir)
-    local, eng = LocalPool(cfg, seed=0), HybridEngine(cfg, seed=0)
+    local, eng = LocalPool(cfg, seed=0), Learner(cfg, seed=0)
+    rae = RAEState.for_algorithm(cfg.algorithm)
     for trajs in make_batches(local, 2):
         m_pool = local.train(trajs)
         batch = collate(trajs, eng.pad_id)
         # the second batch was sampled before the first step: the pool marks it replayed
         batch.replayed = any(t.policy_version < eng.version for t in trajs)
-        m_eng = eng.prepare(batch) | eng.compute_advantages(batch) | eng.update(batch)
+        m_eng = eng.prepare(batch)
+        m_eng |= advantages_from(batch, eng.algo, eng.kl_coef, rae) | eng.update(batch)
         assert {k: v for k, v in m_pool.items() if k in m_eng} == m_eng
     assert max_diff(local.weights(), eng.trainable_state()) == 0.0
 
@@ -142,4 +146,4 @@ def test_rows_sampled_before_a_step_are_recomputed_not_taken_from_the_rollout(
     with caplog.at_level(logging.WARNING, logger="agentrt.runtime.learner"):
         metrics = local.train(second)  # trained at version 1
     assert metrics["rollout/logprob_diff"] > 1e-3  # the recompute measured the old weights' gap
-    assert local.engine.rollout_matches and not caplog.records
+    assert local.learner.rollout_matches and not caplog.records

@@ -51,7 +51,7 @@ def test_twenty_snapshots_are_adapters_of_one_base_and_all_generate(tiny_model_d
         for pid in LEARNERS:
             train_step(pool, pid, prompts)
             snaps.append(pool.snapshot(pid, f"r{k}"))
-    model = pool.engine.model
+    model = pool.learner.model
     assert sorted(model.peft_config) == sorted([*LEARNERS, *snaps])  # 22 adapters, one base
     assert len(model.peft_config) == 22
     assert sorted(pool.worker.snapshots) == sorted(snaps) and len(snaps) == 20

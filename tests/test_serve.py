@@ -3,7 +3,7 @@ one base (completions, chat, streaming) exactly as greedy generation with the en
 swap during 200 concurrent requests fails none, and every response says (and is) the weights it
 was bound to; bad requests get 4xx JSON errors and the server lives on.
 
-The adapters are real HybridEngine LoRA policies over llama-tiny whose lora_B is randomised with
+The adapters are real Learner LoRA policies over llama-tiny whose lora_B is randomised with
 different seeds (a fresh adapter has B = 0 and equals the base), saved with save_pretrained.
 """
 
@@ -27,8 +27,8 @@ import torch
 from agentrt.cli import main
 from agentrt.config.rollout import SamplingConfig
 from agentrt.config.sections import LoraConfig, ModelConfig, PolicyConfig
-from agentrt.runtime.learner import HybridEngine
-from agentrt.policies import build_model
+from agentrt.runtime.learner import Learner
+from agentrt.policies.models import build_model
 from agentrt.serving.protocol import chat_prompt_ids, encode_text
 from agentrt.serving.sources import find_sources
 
@@ -40,10 +40,10 @@ CHATS = [[{"role": "user", "content": "hi"}],
          [{"role": "system", "content": "be brief"}, {"role": "user", "content": "why?"}]]
 
 
-def lora_engine(model_dir: Path, pid: str, seed: int, shared=None) -> HybridEngine:
+def lora_engine(model_dir: Path, pid: str, seed: int, shared=None) -> Learner:
     cfg = PolicyConfig(id=pid, model=ModelConfig(path=str(model_dir)),
                        lora=LoraConfig(enabled=True, r=8, alpha=16))
-    engine = HybridEngine(cfg, seed=seed, shared=shared)
+    engine = Learner(cfg, seed=seed, shared=shared)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in engine.model.named_parameters():
@@ -52,7 +52,7 @@ def lora_engine(model_dir: Path, pid: str, seed: int, shared=None) -> HybridEngi
     return engine
 
 
-def greedy_texts(engine: HybridEngine, prompts: list[list[int]]) -> list[str]:
+def greedy_texts(engine: Learner, prompts: list[list[int]]) -> list[str]:
     tok, eos = engine.tokenizer, engine.eos_id
     out = engine.generate(prompts, GREEDY)
     return [tok.decode([t for t in c.response_ids if t != eos], skip_special_tokens=True)
@@ -294,7 +294,7 @@ def test_full_model_swap_keeps_the_adapters_on_their_base(server, weights, tiny_
                                                           tmp_path):
     """'base' (full weights) is swapped for another model; the adapters ride the first base."""
     other = build_model(tmp_path / "other", "llama-tiny", seed=5)
-    engines = [HybridEngine(PolicyConfig(id=f"m{i}", model=ModelConfig(path=str(folder))))
+    engines = [Learner(PolicyConfig(id=f"m{i}", model=ModelConfig(path=str(folder))))
                for i, folder in enumerate([tiny_model_dir, other])]
     prompts = [encode_text(engines[0].tokenizer, p) for p in PROMPTS[:2]]
     want = [greedy_texts(e, prompts) for e in engines]

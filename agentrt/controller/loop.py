@@ -52,7 +52,7 @@ from agentrt.controller.versions import VersionBook
 from agentrt.controller.workload import Workload
 from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunResult
 from agentrt.runtime.allocator import freeze_setup_objects, keep_freed_memory, release_setup_objects
-from agentrt.runtime.learner import Completion
+from agentrt.runtime.rollout.hf import Completion
 from agentrt.runtime.pool import BasePool, LocalPool
 from agentrt.runtime.ray_pool import PolicyPool
 from agentrt.runtime.threads import (

@@ -9,7 +9,7 @@ and its no-grad log-prob and value passes all go through it. The layout arithmet
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -49,6 +49,17 @@ class ForwardPasses:
     def reconfigure(self, cfg: PolicyConfig) -> None:
         """A live change of the policy's config (its sampling temperature scales log-probs)."""
         self.cfg = cfg
+
+    @contextlib.contextmanager
+    def training(self, dropout: bool) -> Iterator[None]:
+        """The model in training mode (dropout on) inside the block only where ``dropout``
+        (``algorithm.train_dropout``; SFT always); in eval mode after it."""
+        if dropout:
+            self.shared.model.train()
+        try:
+            yield
+        finally:
+            self.shared.model.eval()
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.shared.autocast_dtype is None:

@@ -63,3 +63,14 @@ def make_scheduler(opt: torch.optim.Optimizer, cfg: OptimConfig, total_steps: in
         return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
 
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def set_peak_lr(opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR,
+                lr: float) -> None:
+    """Makes ``lr`` the schedule's peak from its current step on (a live LR change): every
+    group's LR becomes ``lr`` times the schedule's factor now."""
+    sched.base_lrs = [lr for _ in sched.base_lrs]
+    for group, factor in zip(opt.param_groups, sched.lr_lambdas):
+        group["initial_lr"] = lr
+        group["lr"] = lr * factor(sched.last_epoch)
+    sched._last_lr = [group["lr"] for group in opt.param_groups]  # noqa: SLF001

@@ -29,8 +29,10 @@ from typing import Any
 import torch
 
 from agentrt.algos import RAEState
-from agentrt.config.sections import PolicyConfig, SamplingConfig, SFTConfig
-from agentrt.runtime.learner import Completion, HybridEngine
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.sections import PolicyConfig, SFTConfig
+from agentrt.runtime.learner import Learner
+from agentrt.runtime.rollout.hf import Completion
 from agentrt.runtime.steps import advantages_from
 from agentrt.core.types import Trajectory, collate
 from agentrt.runtime.shared_model import ModuleCopy, model_folder
@@ -46,7 +48,7 @@ _GLOBAL_RNG = threading.Lock()  # local pools take turns with torch's global gen
 
 
 def resolve_model(cfg: PolicyConfig, workdir: str | Path | None, seed: int) -> PolicyConfig:
-    """``cfg`` with ``model.path`` set: a preset is built once here (as the engine would), so
+    """``cfg`` with ``model.path`` set: a preset is built once here (as the learner would), so
     workers load one folder instead of racing to build it."""
     if cfg.model.path is not None:
         return cfg
@@ -92,7 +94,7 @@ class BasePool:
         with self._lock:
             return impl(*args)
 
-    # ------------------------------------------------------------------ engine-like facade
+    # ------------------------------------------------------------------ learner-like facade
     @property
     def policy_id(self) -> str:
         return self._name(None)
@@ -172,7 +174,7 @@ class BasePool:
 
     def reconfigure(self, cfg: PolicyConfig) -> None:
         """A live change of policy ``cfg.id``'s sampling or learning rate (agentrt.controller.control):
-        every worker's learner takes ``cfg`` (:meth:`HybridEngine.reconfigure`)."""
+        every worker's learner takes ``cfg`` (:meth:`Learner.reconfigure`)."""
         self._guarded(self._reconfigure, cfg, self._trainable(cfg.id))
 
     def snapshot(self, adapter: str, tag: str) -> str:
@@ -202,7 +204,7 @@ class BasePool:
                                     [(str(folder), self._name(adapter))])[0])
 
     def state_dict(self) -> dict[str, Any]:
-        """Checkpoint: every policy's engine state (with this driver's RAE baselines), snapshot
+        """Checkpoint: every policy's learner state (with this driver's RAE baselines), snapshot
         weights, and each worker's torch RNG (``rng``, one per worker)."""
         with self._lock:
             parts = self._call_each(lambda w: w.state_dict,
@@ -321,7 +323,7 @@ class BasePool:
 
     def _check_split(self, size: int, mini_batches: int, name: str) -> None:
         """Every worker needs >= 1 row of every mini-batch (same shapes in every collective)."""
-        width = -(-size // mini_batches)  # the engine's mini-batch size, ceil(size / mini_batches)
+        width = -(-size // mini_batches)  # the learner's mini-batch size, ceil(size / mini_batches)
         smallest = min(min(width, size - start) for start in range(0, size, width))
         if self.num_workers > 1 and smallest < self.num_workers:
             raise ValueError(
@@ -356,7 +358,7 @@ class LocalPool(BasePool):
 
     Args:
         policies: One policy, or several LoRA policies sharing a base model.
-        seed: Initialisation seed (as ``HybridEngine``).
+        seed: Initialisation seed (as ``Learner``).
         total_steps: Steps the LR schedules span.
         workdir: Where a preset model is built.
     """
@@ -369,12 +371,12 @@ class LocalPool(BasePool):
             self.worker = PolicyWorker(policies, seed=seed, total_steps=total_steps,
                                        workdir=None if workdir is None else str(workdir))
             self._rng = torch.get_rng_state()  # as the worker process's after its start
-        self.tokenizer = self.engine.tokenizer
+        self.tokenizer = self.learner.tokenizer
 
     @property
-    def engine(self) -> HybridEngine:
-        """The first policy's engine (the only one for a single-policy pool)."""
-        return next(iter(self.worker.engines.values()))
+    def learner(self) -> Learner:
+        """The first policy's learner (the only one for a single-policy pool)."""
+        return next(iter(self.worker.learners.values()))
 
     def _call_each(self, method: WorkerMethod, args: list[tuple]) -> list[Any]:
         with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):  # the global RNG is left as it was
@@ -471,7 +473,7 @@ def _serve_copy(module: Any, tokenizer: Any, batch_size: int, autocast: Any, dec
     """The rollout process: answers ``(prompts, sampling, seed)`` requests (a seed starts its
     random stream first) until ``None`` or until its parent is gone."""
     from agentrt.runtime.rollout.hf import HFRollout
-    from agentrt.config.sections import SamplingConfig
+    from agentrt.config.rollout import SamplingConfig
 
     torch.set_num_threads(threads)
     hf = HFRollout(module, tokenizer, SamplingConfig(), batch_size, autocast, decode)

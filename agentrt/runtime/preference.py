@@ -3,7 +3,7 @@
 A policy with ``algorithm: dpo | ipo | kto | listwise`` trains through the controller loop like
 every policy (:mod:`agentrt.controller.objectives`): one step draws examples, computes the policy's summed
 response log-probs, applies the configured loss from ``algos.PREFERENCE_LOSSES`` against reference
-log-probs, and takes one optimizer step (``HybridEngine.preference_update``: micro-batches,
+log-probs, and takes one optimizer step (``Learner.preference_update``: micro-batches,
 data-parallel shares and non-finite steps as in RL).
 
 - Offline (``data.path``): rows are read from JSONL, Parquet or a ``datasets`` folder, tokenized
@@ -12,7 +12,7 @@ data-parallel shares and non-finite steps as in RL).
   SFT warm start); they travel in the checkpoint, so no reference model is kept in memory.
 - Online (``algorithm.online: true``): each step samples ``train.group_size`` responses per task
   prompt, ranks them with the reward and pairs the best with the worst (ties skipped); the
-  reference is a frozen snapshot of the starting policy (``engine.needs_reference``).
+  reference is a frozen snapshot of the starting policy (``Learner.reference``).
 - Tournaments: :func:`tournament_pairs` pairs the winner's and the loser's turns at matched
   positions (``objectives.outcome_pairs`` adds the policy's won vs lost games).
 """
@@ -31,8 +31,8 @@ import torch
 
 from agentrt.algos import PreferenceIndex, sequence_logps
 from agentrt.algos.preference import TIE
-from agentrt.config.sections import DataConfig
-from agentrt.runtime.learner import HybridEngine
+from agentrt.workloads.prompts.config import DataConfig
+from agentrt.runtime.learner import Learner
 from agentrt.runtime.steps import chunks
 from agentrt.core.errors import AgentrtError
 from agentrt.envs.tasks import encode_prompt
@@ -196,7 +196,7 @@ def load_preference_data(cfg: DataConfig, tokenizer: Any, accepts_unpaired: bool
 # ---------------------------------------------------------------------------------- batches
 @dataclass
 class PreferenceBatch:
-    """N response sequences forming G examples; what ``HybridEngine.optimize`` steps on.
+    """N response sequences forming G examples; what ``Learner.optimize`` steps on.
 
     ``size`` and ``select`` count examples, and ``loss_mask`` [G, K] marks each example's
     responses, so optimize's normalisers are (responses, examples) and micro-batches never split
@@ -241,14 +241,14 @@ def make_batch(examples: list[PreferenceExample], pad_id: int, pairs: str = "all
     return PreferenceBatch(collate(trajs, pad_id), torch.tensor(ref), index)
 
 
-def response_logps(engine: HybridEngine, examples: list[PreferenceExample],
+def response_logps(learner: Learner, examples: list[PreferenceExample],
                    reference: bool = False, chunk: int = 256) -> list[list[float]]:
     """Summed log-probs [per example][per response] under the policy (or its reference), at
     temperature 1. Examples go through in chunks of ``chunk`` to bound padding."""
     out: list[list[float]] = []
     for part in chunks(len(examples), chunk):
-        batch = make_batch(examples[part], engine.pad_id)
-        flat = sequence_logps(engine.logprobs(batch.seqs, reference=reference, scaled=False),
+        batch = make_batch(examples[part], learner.pad_id)
+        flat = sequence_logps(learner.logprobs(batch.seqs, reference=reference, scaled=False),
                               batch.seqs.loss_mask).tolist()
         for ex in examples[part]:
             out.append(flat[:len(ex.responses)])
@@ -256,32 +256,19 @@ def response_logps(engine: HybridEngine, examples: list[PreferenceExample],
     return out
 
 
-def fill_reference(engine: HybridEngine, examples: list[PreferenceExample],
+def fill_reference(learner: Learner, examples: list[PreferenceExample],
                    reference: bool = False) -> None:
     """Sets ``ref_logps`` of each example (``reference=False``: the policy as it stands now)."""
-    for ex, lps in zip(examples, response_logps(engine, examples, reference)):
+    for ex, lps in zip(examples, response_logps(learner, examples, reference)):
         ex.ref_logps = lps
 
 
-def preference_step(engine: HybridEngine, examples: list[PreferenceExample], pairs: str = "all"
-                    ) -> dict[str, float]:
-    """One optimizer step of the policy's preference loss on ``examples``.
-
-    Examples without ``ref_logps`` get them from the engine's reference first (online and
-    tournament pairs). Steps the LR schedule and bumps the engine's version.
-    """
-    missing = [ex for ex in examples if ex.ref_logps is None]
-    if missing:
-        fill_reference(engine, missing, reference=True)
-    return engine.preference_update(make_batch(examples, engine.pad_id, pairs))
-
-
-def preference_eval(engine: HybridEngine, examples: list[PreferenceExample]) -> dict[str, float]:
+def preference_eval(learner: Learner, examples: list[PreferenceExample]) -> dict[str, float]:
     """Held-out pairs: implicit-reward accuracy (ties half), margin, and how often the policy
     alone gives the chosen response the higher likelihood."""
     if not examples:
         return {}
-    policy = response_logps(engine, examples)
+    policy = response_logps(learner, examples)
     correct = likelihood = margin = n = 0.0
     for ex, lps in zip(examples, policy):
         assert ex.ref_logps is not None
@@ -290,10 +277,10 @@ def preference_eval(engine: HybridEngine, examples: list[PreferenceExample]) -> 
             for j, rj in enumerate(ex.ranks):
                 if ri < rj:
                     d = r[i] - r[j]
-                    tie = abs(engine.algo.beta * d) <= TIE
+                    tie = abs(learner.algo.beta * d) <= TIE
                     correct += 0.5 if tie else 1.0 if d > 0 else 0.0
                     likelihood += float(lps[i] > lps[j])
-                    margin += engine.algo.beta * d
+                    margin += learner.algo.beta * d
                     n += 1
     if not n:
         return {}

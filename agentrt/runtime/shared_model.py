@@ -4,7 +4,7 @@ A :class:`SharedModel` holds the base model (plain, or peft-wrapped with one nam
 LoRA policy), its tokenizer, and the rollout backend that serves it: HF ``generate`` over the
 very module that trains, or one vLLM engine that serves every adapter of the base, routed per
 request. It is the "model and weights" part of the hybrid engine; the learner of each policy
-(:class:`~agentrt.runtime.learner.HybridEngine`) trains through it and never touches the module's
+(:class:`~agentrt.runtime.learner.Learner`) trains through it and never touches the module's
 adapters or the rollout directly.
 
 Frozen snapshots (league opponents, the KL reference after a warm start):

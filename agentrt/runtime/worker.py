@@ -1,9 +1,9 @@
 """Policy workers: what one data-parallel replica of a policy pool runs.
 
-A :class:`PolicyWorker` is a plain Python object holding a hybrid engine, or several LoRA policies
-over one shared base model (one engine per adapter, all on the same peft model). Ray only carries
-calls to it (``agentrt.runtime.ray_pool`` wraps it with ``ray.remote``), so it is tested and used in-process
-exactly as it runs in an actor.
+A :class:`PolicyWorker` is a plain Python object holding the learner of one policy, or of several
+LoRA policies over one shared base model (one learner per adapter, all on the same peft model).
+Ray only carries calls to it (``agentrt.runtime.ray_pool`` wraps it with ``ray.remote``), so it is
+tested and used in-process exactly as it runs in an actor.
 
 Data parallelism (:class:`GlooDataParallel`): every replica receives the *whole* training batch,
 draws the same mini-batch order (its shuffle generator is seeded like every other replica's), and
@@ -26,8 +26,10 @@ import torch.distributed as dist
 from torch import nn
 
 from agentrt.runtime.allocator import keep_freed_memory
-from agentrt.config.sections import PolicyConfig, SamplingConfig, SFTConfig
-from agentrt.runtime.learner import Completion, HybridEngine
+from agentrt.config.rollout import SamplingConfig
+from agentrt.config.sections import PolicyConfig, SFTConfig
+from agentrt.runtime.learner import Learner
+from agentrt.runtime.rollout.hf import Completion
 from agentrt.runtime.steps import is_share_metric
 from agentrt.runtime.optim import make_optimizer, make_scheduler
 from agentrt.core.types import TrainBatch
@@ -40,7 +42,7 @@ def split_rows(n: int, parts: int) -> list[slice]:
 
 
 class GlooDataParallel:
-    """The engine's data-parallel hooks over a torch.distributed process group (gloo on CPU).
+    """The learner's data-parallel hooks over a torch.distributed process group (gloo on CPU).
 
     Args:
         rank: This replica's rank.
@@ -113,7 +115,8 @@ def gather_prepared(batch: TrainBatch, prepared: list[Prepared]) -> dict[str, fl
 
 
 class PolicyWorker:
-    """One replica: a shared model with a learner (:class:`HybridEngine`) per policy.
+    """One replica: a shared model with a learner (:class:`~agentrt.runtime.learner.Learner`)
+    per policy.
 
     Several policies in one worker are LoRA adapters on one base; frozen snapshots are adapters
     (LoRA) or CPU weights (full weights) on the same :class:`~agentrt.runtime.shared_model.SharedModel`.
@@ -138,10 +141,10 @@ class PolicyWorker:
         if len(set(ids)) < len(ids):
             raise ValueError(f"two policies with one name in one pool: {ids}")
         self.shared = SharedModel(policies[0], seed=seed, workdir=workdir)
-        self.engines: dict[str, HybridEngine] = {}
+        self.learners: dict[str, Learner] = {}
         for i, cfg in enumerate(policies):
-            self.engines[cfg.id] = HybridEngine(cfg, seed=seed + i, total_steps=total_steps,
-                                                shared=self.shared)
+            self.learners[cfg.id] = Learner(cfg, seed=seed + i, total_steps=total_steps,
+                                            shared=self.shared)
         self.snapshots: dict[str, int] = {}  # snapshot name -> version of its source
         self.sft_state: dict[str, tuple[torch.optim.Optimizer, Any]] = {}
         self.dp: GlooDataParallel | None = None
@@ -172,34 +175,34 @@ class PolicyWorker:
         self.dp = GlooDataParallel(rank, world, self.shared.device)
         if rank:  # replicas sample their shares of the prompts from different streams
             torch.manual_seed(torch.initial_seed() + 1_000_003 * rank)
-        for eng in self.engines.values():
+        for eng in self.learners.values():
             eng.set_data_parallel(self.dp)
 
     def versions(self) -> dict[str, int]:
-        return {**{k: e.version for k, e in self.engines.items()}, **self.snapshots}
+        return {**{k: e.version for k, e in self.learners.items()}, **self.snapshots}
 
-    def _engine(self, name: str | None) -> HybridEngine:
+    def _learner(self, name: str | None) -> Learner:
         """The learner of policy ``name`` (the only one when None)."""
         if name is None:
-            if len(self.engines) != 1:
-                raise ValueError(f"this pool hosts {sorted(self.engines)}; name the adapter")
-            name = next(iter(self.engines))
+            if len(self.learners) != 1:
+                raise ValueError(f"this pool hosts {sorted(self.learners)}; name the adapter")
+            name = next(iter(self.learners))
         if name in self.snapshots:
             raise ValueError(f"{name!r} is a frozen snapshot; train its source policy instead")
-        if name not in self.engines:
+        if name not in self.learners:
             raise KeyError(f"no policy or snapshot {name!r} here; have "
-                           f"{sorted(self.engines) + sorted(self.snapshots)}")
-        return self.engines[name]
+                           f"{sorted(self.learners) + sorted(self.snapshots)}")
+        return self.learners[name]
 
     # ------------------------------------------------------------------ rollout and training
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None,
                  adapter: str | None = None) -> list[Completion]:
         """Completions as policy or snapshot ``adapter`` (its source's sampling by default)."""
         if adapter in self.snapshots:
-            source = self.engines[adapter.split("@")[0]]
+            source = self.learners[adapter.split("@")[0]]
             return self.shared.generate(prompts, sampling or source.cfg.rollout.sampling,
                                         adapter)
-        return self._engine(adapter).generate(prompts, sampling)
+        return self._learner(adapter).generate(prompts, sampling)
 
     def generate_many(self, requests: list[tuple[list[list[int]], SamplingConfig | None, str]]
                       ) -> list[list[Completion]]:
@@ -208,33 +211,33 @@ class PolicyWorker:
         resolved = []
         for prompts, sampling, adapter in requests:
             if adapter in self.snapshots:
-                source = self.engines[adapter.split("@")[0]]
+                source = self.learners[adapter.split("@")[0]]
                 resolved.append((prompts, sampling or source.cfg.rollout.sampling, adapter))
             else:
-                engine = self._engine(adapter)
-                resolved.append((prompts, sampling or engine.cfg.rollout.sampling,
-                                 engine.policy_id))
+                learner = self._learner(adapter)
+                resolved.append((prompts, sampling or learner.cfg.rollout.sampling,
+                                 learner.policy_id))
         return self.shared.generate_many(resolved)
 
     def module_copy(self, name: str) -> ModuleCopy:
         """A second module with policy ``name``'s weights (an async rollout generates on it)."""
-        return ModuleCopy(self.shared, self._engine(name).policy_id)
+        return ModuleCopy(self.shared, self._learner(name).policy_id)
 
     def reconfigure(self, cfg: PolicyConfig) -> None:
         """A live change of policy ``cfg.id``'s sampling or learning rate (agentrt.controller.control)."""
-        self._engine(cfg.id).reconfigure(cfg)
+        self._learner(cfg.id).reconfigure(cfg)
 
     def prepare(self, batch: TrainBatch, rows: slice, adapter: str | None = None) -> Prepared:
         """Old (and reference) log-probs and values of ``rows`` of the whole batch."""
-        eng = self._engine(adapter)
+        eng = self._learner(adapter)
         shard = batch.select(rows)
         metrics = eng.prepare(shard)
         return Prepared(shard.old_logprobs, shard.ref_logprobs, shard.values, metrics,
-                        shard.num_tokens, eng.kl_ctl.coef)
+                        shard.num_tokens, eng.kl_coef)
 
     def update(self, batch: TrainBatch, adapter: str | None = None) -> dict[str, float]:
-        """The engine's update on the whole batch (advantages filled); this replica's rows."""
-        return self._engine(adapter).update(batch)
+        """The learner's update on the whole batch (advantages filled); this replica's rows."""
+        return self._learner(adapter).update(batch)
 
     def preference_step(self, examples: list[Any], pairs: str = "all",
                         adapter: str | None = None) -> dict[str, float]:
@@ -242,7 +245,7 @@ class PolicyWorker:
         first (the same on every replica)."""
         from agentrt.runtime.preference import fill_reference, make_batch
 
-        eng = self._engine(adapter)
+        eng = self._learner(adapter)
         missing = [ex for ex in examples if ex.ref_logps is None]
         if missing:
             fill_reference(eng, missing, reference=True)
@@ -252,20 +255,20 @@ class PolicyWorker:
         """``examples`` with their reference log-probs: the policy as it stands now."""
         from agentrt.runtime.preference import fill_reference
 
-        fill_reference(self._engine(adapter), examples)
+        fill_reference(self._learner(adapter), examples)
         return examples
 
     def preference_eval(self, examples: list[Any], adapter: str | None = None
                         ) -> dict[str, float]:
         from agentrt.runtime.preference import preference_eval
 
-        return preference_eval(self._engine(adapter), examples)
+        return preference_eval(self._learner(adapter), examples)
 
     def sft_step(self, batch: TrainBatch, sft: SFTConfig, adapter: str | None = None
                  ) -> dict[str, float]:
         """One supervised step; the first call builds the SFT optimizer (constant LR after
         ``sft.warmup_steps``)."""
-        eng = self._engine(adapter)
+        eng = self._learner(adapter)
         if eng.policy_id not in self.sft_state:
             # fused like the RL optimizer (the loop cost 15 ms a step on one core); weight
             # decay stays torch's AdamW default, 0.01, as the SFT warm start always had
@@ -281,18 +284,15 @@ class PolicyWorker:
 
     def end_sft(self, adapter: str | None = None) -> None:
         """Drops the SFT optimizer; RL starts from version 0 of the warm-started policy."""
-        eng = self._engine(adapter)
+        eng = self._learner(adapter)
         self.sft_state.pop(eng.policy_id, None)
-        eng.restart_version()
-        eng.reset_reference()  # KL is measured against the warm-started policy, not the base
-        eng.rebase_critic()  # the critic reads the warm-started body too
-        eng.sync_rollout()  # vLLM's copy now carries version 0 too
+        eng.end_warm_start()  # version 0; the reference and the critic read these weights
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self, adapter: str, tag: str) -> str:
         """Freezes policy ``adapter`` as ``"<adapter>@<tag>"``: an adapter for LoRA policies,
         CPU weights for full-weight ones."""
-        src = self._engine(adapter)
+        src = self._learner(adapter)
         name = f"{src.policy_id}@{tag}"
         self.shared.freeze(src.policy_id, name)
         self.snapshots[name] = src.version
@@ -308,16 +308,16 @@ class PolicyWorker:
     def reset_to(self, adapter: str, snapshot: str) -> None:
         """Loads ``snapshot``'s weights into policy ``adapter`` (league exploiter reset); the
         optimizer keeps its state, the version goes on counting."""
-        self._engine(adapter).load_trainable_state(self.shared.weights(snapshot))
+        self._learner(adapter).load_trainable_state(self.shared.weights(snapshot))
 
     # ------------------------------------------------------------------ state
     def state_dict(self, full: bool = True) -> dict[str, Any]:
-        """Engine states per policy, snapshot weights and this process's torch RNG (only the RNG
+        """Learner states per policy, snapshot weights and this process's torch RNG (only the RNG
         when not ``full``: replicas hold the same weights, a checkpoint needs them once)."""
         if not full:
             return {"rng": torch.get_rng_state()}
         return {
-            "policies": {k: e.state_dict() for k, e in self.engines.items()},
+            "policies": {k: e.state_dict() for k, e in self.learners.items()},
             "snapshots": {k: {"source": k.split("@")[0], "tag": k.split("@", 1)[1],
                               "version": v, "weights": self.shared.weights(k)}
                           for k, v in self.snapshots.items()},
@@ -336,7 +336,7 @@ class PolicyWorker:
             self.shared.sync(name, int(snap["version"]))
             self.snapshots[name] = int(snap["version"])
         for name, eng_state in state["policies"].items():
-            self.engines[name].load_state_dict(eng_state)
+            self.learners[name].load_state_dict(eng_state)
         rng = state.get("rng")
         if isinstance(rng, list):
             rng = rng[rank % len(rng)] if rng else None
@@ -346,10 +346,10 @@ class PolicyWorker:
     def trainable_state(self, adapter: str | None = None) -> dict[str, torch.Tensor]:
         if adapter in self.snapshots:
             return self.shared.weights(adapter)
-        return self._engine(adapter).trainable_state()
+        return self._learner(adapter).trainable_state()
 
     def save_pretrained(self, folder: str, adapter: str | None = None) -> str:
-        return str(self._engine(adapter).save_pretrained(folder))
+        return str(self._learner(adapter).save_pretrained(folder))
 
     def close(self) -> None:
         """Stops the rollout engine (vLLM) of this worker."""

@@ -65,11 +65,11 @@ def play(run_dir: Path, policy: str | None = None, env: str | None = None, seat:
     agents = cfg.env_seats()[env_entry.id]
     if not 0 <= seat < len(agents):
         raise ConfigError(f"--seat {seat}: {env_entry.id} has seats 0-{len(agents) - 1}")
-    from agentrt.runtime.learner import HybridEngine
+    from agentrt.runtime.learner import Learner
     from agentrt.policies.lm import LMPolicy, PromptTemplate
     from agentrt.runner.core import EpisodeRunner, EpisodeSpec
 
-    engine = HybridEngine(pcfg, seed=cfg.seed)
+    engine = Learner(pcfg, seed=cfg.seed)
     template = PromptTemplate(env_entry.template.first, env_entry.template.turn,
                               history=env_entry.template.history)
     sampling = None if sample else pcfg.rollout.sampling.model_copy(update={"temperature": 0.0})

@@ -282,8 +282,8 @@ def recorded_steps(path: Path) -> set[int]:
 
 
 def latest_step(run_dir: Path) -> int:
-    ckpt = RunDir(run_dir).checkpoints()[-1]
-    return -1 if ckpt is None else int(ckpt.name.split("_")[1])
+    ckpts = RunDir(run_dir).checkpoints()
+    return int(ckpts[-1].name.split("_")[1]) if ckpts else -1
 
 
 def tools_env() -> dict[str, str]:

@@ -7,9 +7,10 @@ import pytest
 
 from agentrt.config.rollout import RolloutConfig, SamplingConfig
 from agentrt.config.sections import ModelConfig, PolicyConfig
-from agentrt.runtime.learner import HybridEngine
-from agentrt.policies import LMPolicy, PromptTemplate, RandomPolicy, bank_memory
-from agentrt.runner import EpisodeRunner, RunnerConfig, specs
+from agentrt.runtime.learner import Learner
+from agentrt.policies.lm import LMPolicy, PromptTemplate, bank_memory
+from agentrt.policies.scripted import RandomPolicy
+from agentrt.runner.core import EpisodeRunner, RunnerConfig, specs
 from agentrt.core.types import GroupKey, collate
 
 SHORT = PromptTemplate(first="{observation}\n> ", turn="\n{observation}\n> ")
@@ -19,7 +20,7 @@ SHORT = PromptTemplate(first="{observation}\n> ", turn="\n{observation}\n> ")
 def engine(tiny_model_dir):
     cfg = PolicyConfig(id="lm", model=ModelConfig(path=str(tiny_model_dir)),
                        rollout=RolloutConfig(sampling=SamplingConfig(max_new_tokens=3)))
-    return HybridEngine(cfg, seed=0)
+    return Learner(cfg, seed=0)
 
 
 def _check_token_exact(traj) -> None:

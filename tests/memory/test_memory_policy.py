@@ -28,7 +28,7 @@ import torch
 
 from agentrt.config.rollout import RolloutConfig, SamplingConfig
 from agentrt.config.sections import ModelConfig, PolicyConfig, SFTConfig
-from agentrt.runtime.learner import HybridEngine
+from agentrt.runtime.learner import Learner
 from agentrt.runtime.optim import make_scheduler
 from agentrt.core.errors import ConfigError
 from agentrt.memory import FaissBank, bank_config
@@ -76,7 +76,7 @@ class MemoryTeacher:
         return out
 
 
-def demonstrations(engine: HybridEngine, worlds: int = SFT_WORLDS) -> list[Trajectory]:
+def demonstrations(engine: Learner, worlds: int = SFT_WORLDS) -> list[Trajectory]:
     """Teacher turns on Recall-v0 worlds 1..worlds (never world 0, the evaluation world)."""
     demos: list[Trajectory] = []
     for world in range(1, worlds + 1):
@@ -90,20 +90,20 @@ def demonstrations(engine: HybridEngine, worlds: int = SFT_WORLDS) -> list[Traje
     return demos
 
 
-def make_engine(model_dir) -> HybridEngine:
+def make_engine(model_dir) -> Learner:
     cfg = PolicyConfig(id="lm", model=ModelConfig(path=str(model_dir)),
                        rollout=RolloutConfig(sampling=SamplingConfig(max_new_tokens=5,
                                                                      temperature=0.0)))
-    return HybridEngine(cfg, seed=0)
+    return Learner(cfg, seed=0)
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir) -> HybridEngine:
+def engine(tiny_model_dir) -> Learner:
     """The untrained tiny LM: enough for what memory does to prompts and records."""
     return make_engine(tiny_model_dir)
 
 
-def play(engine: HybridEngine, memory_on: bool, run_dir, n: int = EVAL_EPISODES):
+def play(engine: Learner, memory_on: bool, run_dir, n: int = EVAL_EPISODES):
     lm = LMPolicy(engine, templates=TEMPLATE)
     memory = wire_memories({"lm": lm}, {"lm": MEMORY if memory_on else None}, run_dir=run_dir)
     writer = memory.on_episode_end if memory_on else None
@@ -221,7 +221,7 @@ def test_private_bank_is_not_readable_by_another_policy(engine, tmp_path) -> Non
     assert all(t.turns[0].memory_ids for t in as_alice)
 
 
-def _renamed(engine: HybridEngine, policy_id: str) -> LMPolicy:
+def _renamed(engine: Learner, policy_id: str) -> LMPolicy:
     """The same weights served under another policy id (a second policy in the run)."""
 
     class Renamed:

@@ -153,8 +153,8 @@ def stored_steps(run_dir: Path) -> set[int]:
 
 
 def checkpoint_step(run_dir: Path) -> int:
-    ckpt = RunDir(run_dir).checkpoints()[-1]
-    return -1 if ckpt is None else int(ckpt.name.split("_")[1])
+    ckpts = RunDir(run_dir).checkpoints()
+    return int(ckpts[-1].name.split("_")[1]) if ckpts else -1
 
 
 def records(run_dir: Path) -> list[tuple]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from vllm_testlib import grpo_step, make_prompts, policy_config
 
-from agentrt.config.sections import RolloutConfig, SamplingConfig
-from agentrt.runtime.learner import HybridEngine
+from agentrt.config.rollout import RolloutConfig, SamplingConfig
+from agentrt.runtime.learner import Learner
 from agentrt.runtime.rollout.hf import HFRollout
 
 
@@ -13,7 +13,7 @@ def test_engine_with_vllm_backend_syncs_after_every_update(tiny_model_dir):
     cfg = policy_config(tiny_model_dir, temperature=1.0, lr=1e-2, max_new_tokens=8)
     cfg = cfg.model_copy(update={"rollout": RolloutConfig(
         backend="vllm", sampling=cfg.rollout.sampling, vllm=cfg.rollout.vllm)})
-    engine = HybridEngine(cfg, seed=0)
+    engine = Learner(cfg, seed=0)
     try:
         assert type(engine.shared.vllm).__name__ == "VLLMRollout"
         hf = HFRollout(engine.model, engine.tokenizer, cfg.rollout.sampling)

@@ -7,8 +7,9 @@ import json
 import pytest
 from vllm_testlib import ENGINE_CFG, make_prompts, policy_config
 
-from agentrt.config.sections import SamplingConfig, validate_config
-from agentrt.runtime.learner import HybridEngine
+from agentrt.config.load import validate_config
+from agentrt.config.rollout import SamplingConfig
+from agentrt.runtime.learner import Learner
 from agentrt.core.errors import AgentrtError, ConfigError
 from agentrt.runtime.rollout import RolloutStartError, VLLMRollout
 
@@ -50,7 +51,7 @@ def test_too_little_kv_cache_then_hf_still_serves(tiny_model_dir):
         VLLMRollout(tiny_model_dir, tiny)
     text = one_line(exc)
     assert "too little KV-cache memory" in text and "rollout.vllm.kv_cache_gib" in text
-    engine = HybridEngine(policy_config(tiny_model_dir), seed=0)  # the HF backend
+    engine = Learner(policy_config(tiny_model_dir), seed=0)  # the HF backend
     comps = engine.generate(make_prompts(4), SamplingConfig(temperature=0.0, max_new_tokens=4))
     assert [len(c.response_ids) for c in comps] == [4, 4, 4, 4]
 

@@ -1,10 +1,10 @@
 """Many LoRA policies in one vLLM engine: per-request routing, isolated updates, snapshots, LRU.
 
 Three LoRA policies share the llama-tiny base the way a pool worker hosts them: one
-``SharedModel`` with ``rollout.backend: vllm`` (one engine) and a HybridEngine per policy (a peft
+``SharedModel`` with ``rollout.backend: vllm`` (one engine) and a Learner per policy (a peft
 adapter each), whose lora_B is randomised so the three adapters give clearly different greedy
 outputs (a fresh adapter has B = 0 and equals the base). The engine gets every adapter, update and
-snapshot through the live path (``HybridEngine.sync_rollout`` and ``SharedModel.freeze`` /
+snapshot through the live path (``Learner.sync_rollout`` and ``SharedModel.freeze`` /
 ``drop``, both ``SharedModel.sync``). Every expected output is HF ``generate`` of the shared peft
 model as that policy at the time of the check.
 """
@@ -15,15 +15,15 @@ import pytest
 import torch
 from vllm_testlib import grpo_step, make_prompts, policy_config
 
-from agentrt.config.sections import SamplingConfig
-from agentrt.runtime.learner import HybridEngine
+from agentrt.config.rollout import SamplingConfig
+from agentrt.runtime.learner import Learner
 from agentrt.runtime.shared_model import SharedModel
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=10)
 NAMES = ["p0", "p1", "p2"]
 
 
-def randomise_lora_b(engine: HybridEngine, seed: int) -> None:
+def randomise_lora_b(engine: Learner, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in engine.model.named_parameters():
@@ -33,13 +33,13 @@ def randomise_lora_b(engine: HybridEngine, seed: int) -> None:
 
 @pytest.fixture(scope="module")
 def served(tiny_model_dir):
-    """(rollout, {name: HybridEngine}, shared model) with the three adapters registered."""
+    """(rollout, {name: Learner}, shared model) with the three adapters registered."""
     cfgs = [policy_config(tiny_model_dir, lora=True, lr=2e-2, id=name, backend="vllm")
             for name in NAMES]
     shared = SharedModel(cfgs[0], seed=0)  # starts the one engine (LoRA on)
     policies = {}
     for k, cfg in enumerate(cfgs):
-        eng = HybridEngine(cfg, seed=k, shared=shared)  # registers its adapter with the engine, version 0
+        eng = Learner(cfg, seed=k, shared=shared)  # its adapter joins the engine, version 0
         randomise_lora_b(eng, 100 + k)
         eng.sync_rollout()  # update_adapter(cfg.id, ...): the randomised weights
         policies[cfg.id] = eng

@@ -14,7 +14,7 @@ import torch
 
 from agentrt.config.sections import SamplingConfig
 from agentrt.core.types import Trajectory, Turn, collate
-from agentrt.runtime.learner import HybridEngine
+from agentrt.runtime.learner import Learner
 from vllm_testlib import grpo_step, make_prompts, policy_config
 
 TEMPERATURE = 0.8
@@ -25,7 +25,7 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def trained(tiny_model_dir):
     """(trainer, rollout, report) after 3 GRPO steps, each synced in place by the update."""
-    trainer = HybridEngine(policy_config(tiny_model_dir, TEMPERATURE, backend="vllm"), seed=0)
+    trainer = Learner(policy_config(tiny_model_dir, TEMPERATURE, backend="vllm"), seed=0)
     rollout = trainer.shared.vllm  # started with the model, synced at start-up
     eval_prompts = make_prompts(32, seed=1)
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=16)
@@ -43,7 +43,7 @@ def trained(tiny_model_dir):
     trainer.shared.close()
 
 
-def hf_generate(trainer: HybridEngine, prompts, sampling):
+def hf_generate(trainer: Learner, prompts, sampling):
     """HF ``generate`` on the trainer's own module (its ``generate`` goes through vLLM)."""
     return trainer.shared.hf.generate(prompts, sampling)
 

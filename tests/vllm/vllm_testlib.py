@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from agentrt.config.sections import (
-    AlgorithmConfig,
-    LoraConfig,
-    ModelConfig,
-    OptimConfig,
-    PolicyConfig,
-    RolloutConfig,
-    SamplingConfig,
-    VLLMConfig,
-)
-from agentrt.runtime.learner import HybridEngine
+from agentrt.algos.config import AlgorithmConfig
+from agentrt.config.rollout import RolloutConfig, SamplingConfig, VLLMConfig
+from agentrt.config.sections import LoraConfig, ModelConfig, OptimConfig, PolicyConfig
+from agentrt.algos.rae import RAEState
+from agentrt.runtime.learner import Learner
+from agentrt.runtime.steps import advantages_from
 from agentrt.core.types import Trajectory, Turn, collate
 
 ENGINE_CFG = VLLMConfig(kv_cache_gib=0.25, max_model_len=1024, max_num_seqs=64,
@@ -51,7 +46,7 @@ def low_byte_reward(response_ids: list[int]) -> float:
     return sum(1 for t in response_ids if 3 <= t < 3 + 128) / len(response_ids)
 
 
-def grpo_step(engine: HybridEngine, completions, prompts, group: int) -> dict[str, float]:
+def grpo_step(engine: Learner, completions, prompts, group: int) -> dict[str, float]:
     """One real GRPO update of ``engine`` on rollouts sampled elsewhere (by vLLM)."""
     trajs = [Trajectory([Turn(p, c.response_ids, c.logprobs,
                               reward=low_byte_reward(c.response_ids))],
@@ -59,6 +54,7 @@ def grpo_step(engine: HybridEngine, completions, prompts, group: int) -> dict[st
              for i, (p, c) in enumerate(zip(prompts, completions))]
     batch = collate(trajs, engine.pad_id)
     metrics = engine.prepare(batch)
-    metrics.update(engine.compute_advantages(batch))
+    metrics.update(advantages_from(batch, engine.algo, engine.kl_coef,
+                                   RAEState.for_algorithm(engine.algo)))  # as a pool does
     metrics.update(engine.update(batch))
     return metrics
