@@ -196,27 +196,8 @@ def layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool,
                       (bsz, width), tokens)
     input_ids = input_ids.cpu()  # the index arithmetic runs on the CPU; inputs() moves the rows
     n_tok = lengths.tolist()
-    groups = prompt_groups(input_ids, n_tok, prefix)
-    scale = ATTENTION_PER_POSITION * hidden or float("inf")
-    biggest = max((len(rows) for _, rows in groups), default=1)
-    plans = []
-    for k in sorted({min(k, biggest) for k in (1, 2, 4, 8, 16, biggest)}):
-        segments = [(p if len(rows[c:c + k]) > 1 else 0, rows[c:c + k])
-                    for p, rows in groups for c in range(0, len(rows), k)]
-        seg_len = [p + sum(n_tok[i] - p for i in members) for p, members in segments]
-        if k == 1 or max(seg_len) <= SHARE_MAX_WIDTH:
-            # no packing of them costs less: every token, in rows at least the longest wide
-            plans.append((sum(seg_len) * (1 + max(seg_len, default=0) / scale), k, segments,
-                          seg_len))
-    best = None  # the least cost, the smallest k among equals
-    for bound, k, segments, seg_len in sorted(plans, key=lambda plan: plan[:2]):
-        if best is not None and bound > best[0]:
-            break
-        size, row_w, rows = pack_segments(seg_len)
-        cost = size * (1 + row_w / scale)
-        if best is None or (cost, k) < best[:2]:
-            best = (cost, k, segments, seg_len, row_w, rows)
-    _, _, segments, seg_len, row_w, rows = best
+    segments, seg_len, row_w, rows = plan_segments(prompt_groups(input_ids, n_tok, prefix),
+                                                   n_tok, hidden)
     size, seg_tokens = len(rows) * row_w, sum(seg_len)
     # Per sequence: where its prefix starts, how long the shared prefix is (0: not shared), where
     # the rest starts; and per flat position its segment (attention stays within one).
@@ -249,17 +230,56 @@ def layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool,
     dst = (torch.arange(bsz)[:, None] * width + t[None, :])[keep]
     mask = None
     if any(p > 0 for p, _ in segments):
-        seg = torch.arange(size) + len(segments)  # padding: a segment of its own
-        seg[flat[valid]] = seg_of[:, None].expand(bsz, width)[valid]
-        branch = torch.full((size,), -1, dtype=torch.long)  # -1: the shared prefix
-        branch[flat[valid & ~in_prefix]] = torch.arange(bsz)[:, None].expand(
-            bsz, width)[valid & ~in_prefix]
-        seg, branch = seg.view(-1, 1, row_w), branch.view(-1, 1, row_w)
-        causal = torch.ones(row_w, row_w, dtype=torch.bool).tril()
-        mask = ((seg.transpose(1, 2) == seg) & causal
-                & ((branch == -1) | (branch.transpose(1, 2) == branch))).unsqueeze(1)
+        mask = share_mask(flat, valid, in_prefix, seg_of, len(segments), size, row_w)
     return Layout(ids.view(-1, row_w), mask, pos.view(-1, row_w), flat[keep], dst, (bsz, width),
                   seg_tokens, pred[keep], tokens - seg_tokens)
+
+
+def plan_segments(groups: list[tuple[int, list[int]]], n_tok: list[int], hidden: int
+                  ) -> tuple[list[tuple[int, list[int]]], list[int], int, list[list[int]]]:
+    """How :func:`layout` packs prompt ``groups`` (see :func:`prompt_groups`) of rows of
+    ``n_tok`` tokens: (segments as (shared prefix, rows), their lengths, the row width, the
+    segments of each packed row), groups cut into segments of the k rows whose packing costs
+    least (the smallest k among equals)."""
+    scale = ATTENTION_PER_POSITION * hidden or float("inf")
+    biggest = max((len(rows) for _, rows in groups), default=1)
+    plans = []
+    for k in sorted({min(k, biggest) for k in (1, 2, 4, 8, 16, biggest)}):
+        segments = [(p if len(rows[c:c + k]) > 1 else 0, rows[c:c + k])
+                    for p, rows in groups for c in range(0, len(rows), k)]
+        seg_len = [p + sum(n_tok[i] - p for i in members) for p, members in segments]
+        if k == 1 or max(seg_len) <= SHARE_MAX_WIDTH:
+            # no packing of them costs less: every token, in rows at least the longest wide
+            plans.append((sum(seg_len) * (1 + max(seg_len, default=0) / scale), k, segments,
+                          seg_len))
+    best = None  # the least cost, the smallest k among equals
+    for bound, k, segments, seg_len in sorted(plans, key=lambda plan: plan[:2]):
+        if best is not None and bound > best[0]:
+            break
+        size, row_w, rows = pack_segments(seg_len)
+        cost = size * (1 + row_w / scale)
+        if best is None or (cost, k) < best[:2]:
+            best = (cost, k, segments, seg_len, row_w, rows)
+    _, _, segments, seg_len, row_w, rows = best
+    return segments, seg_len, row_w, rows
+
+
+def share_mask(flat: torch.Tensor, valid: torch.Tensor, in_prefix: torch.Tensor,
+               seg_of: torch.Tensor, n_segments: int, size: int, row_w: int) -> torch.Tensor:
+    """[R, 1, W, W] attention mask of a packed layout with shared prefixes (True: may attend):
+    causal within a segment, a completion seeing its prompt and itself only. ``flat`` [B, T]:
+    each token's flat position; ``valid``/``in_prefix`` [B, T]: a token, in the shared prefix;
+    ``seg_of`` [B]: each row's segment."""
+    bsz, width = flat.shape
+    seg = torch.arange(size) + n_segments  # padding: a segment of its own
+    seg[flat[valid]] = seg_of[:, None].expand(bsz, width)[valid]
+    branch = torch.full((size,), -1, dtype=torch.long)  # -1: the shared prefix
+    branch[flat[valid & ~in_prefix]] = torch.arange(bsz)[:, None].expand(
+        bsz, width)[valid & ~in_prefix]
+    seg, branch = seg.view(-1, 1, row_w), branch.view(-1, 1, row_w)
+    causal = torch.ones(row_w, row_w, dtype=torch.bool).tril()
+    return ((seg.transpose(1, 2) == seg) & causal
+            & ((branch == -1) | (branch.transpose(1, 2) == branch))).unsqueeze(1)
 
 
 def trained_prefix(loss_mask: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
