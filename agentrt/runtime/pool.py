@@ -1,10 +1,11 @@
 """Policy pools: the API a controller drives one policy (or several LoRA policies) through.
 
 A pool hosts one full-weight policy, or several LoRA policies over one shared base model, on N
-data-parallel workers (:class:`~agentrt.runtime.worker.PolicyWorker`). :class:`~agentrt.runtime.ray_pool.PolicyPool` runs them
-as Ray actors in a placement group (gradients all-reduced over gloo); :class:`LocalPool` runs one in
-this process, no Ray (tests, bench baseline, ``runtime.backend: local``). Same API (stable; the
-tournament controller calls exactly this; docs/runtime.md)::
+data-parallel workers (:class:`~agentrt.runtime.worker.PolicyWorker`).
+:class:`~agentrt.runtime.ray_pool.PolicyPool` runs them as Ray actors in a placement group
+(gradients all-reduced over gloo); :class:`LocalPool` runs one in this process, no Ray (tests,
+bench baseline, ``runtime.backend: local``). Same API (stable; the tournament controller calls
+exactly this; docs/runtime.md)::
 
     pool.generate(prompts, sampling=None, adapter=None) -> list[Completion]   # order preserved
     pool.train(trajectories, adapter=None) -> dict[str, float]                # one RL step
@@ -173,8 +174,9 @@ class BasePool:
                              journal=False)
 
     def reconfigure(self, cfg: PolicyConfig) -> None:
-        """A live change of policy ``cfg.id``'s sampling or learning rate (agentrt.controller.control):
-        every worker's learner takes ``cfg`` (:meth:`Learner.reconfigure`)."""
+        """A live change of policy ``cfg.id``'s sampling or learning rate
+        (agentrt.controller.control): every worker's learner takes ``cfg``
+        (:meth:`Learner.reconfigure`)."""
         self._guarded(self._reconfigure, cfg, self._trainable(cfg.id))
 
     def snapshot(self, adapter: str, tag: str) -> str:

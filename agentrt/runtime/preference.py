@@ -1,10 +1,10 @@
 """Preference post-training: data, pairs, and the preference step of a policy's objective.
 
 A policy with ``algorithm: dpo | ipo | kto | listwise`` trains through the controller loop like
-every policy (:mod:`agentrt.controller.objectives`): one step draws examples, computes the policy's summed
-response log-probs, applies the configured loss from ``algos.PREFERENCE_LOSSES`` against reference
-log-probs, and takes one optimizer step (``Learner.preference_update``: micro-batches,
-data-parallel shares and non-finite steps as in RL).
+every policy (:mod:`agentrt.controller.objectives`): one step draws examples, computes the
+policy's summed response log-probs, applies the configured loss from ``algos.PREFERENCE_LOSSES``
+against reference log-probs, and takes one optimizer step (``Learner.preference_update``:
+micro-batches, data-parallel shares and non-finite steps as in RL).
 
 - Offline (``data.path``): rows are read from JSONL, Parquet or a ``datasets`` folder, tokenized
   once (bos + prompt, response + eos, loss only on response tokens) and their reference

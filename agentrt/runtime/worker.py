@@ -119,7 +119,8 @@ class PolicyWorker:
     per policy.
 
     Several policies in one worker are LoRA adapters on one base; frozen snapshots are adapters
-    (LoRA) or CPU weights (full weights) on the same :class:`~agentrt.runtime.shared_model.SharedModel`.
+    (LoRA) or CPU weights (full weights) on the same
+    :class:`~agentrt.runtime.shared_model.SharedModel`.
 
     Args:
         policies: Policy configs (model.path set); two or more must all be LoRA on one base.
@@ -224,7 +225,8 @@ class PolicyWorker:
         return ModuleCopy(self.shared, self._learner(name).policy_id)
 
     def reconfigure(self, cfg: PolicyConfig) -> None:
-        """A live change of policy ``cfg.id``'s sampling or learning rate (agentrt.controller.control)."""
+        """A live change of policy ``cfg.id``'s sampling or learning rate
+        (agentrt.controller.control)."""
         self._learner(cfg.id).reconfigure(cfg)
 
     def prepare(self, batch: TrainBatch, rows: slice, adapter: str | None = None) -> Prepared:
