@@ -12,7 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentrt.rewards import Sample, build_executor, parse_reward
+from agentrt.rewards.executors import Sample, build_executor
+from agentrt.rewards.sources import parse_reward
 
 SLOW = """
 import time

@@ -23,7 +23,8 @@ from agentrt.config.load import validate_config
 from agentrt.workloads.prompts.config import TrainConfig
 from agentrt.core.errors import ConfigError
 from agentrt.controller.guards import RunStopped
-from agentrt.rewards import Sample, build_executor, check_reward, parse_reward
+from agentrt.rewards.executors import Sample, build_executor
+from agentrt.rewards.sources import check_reward, parse_reward
 from agentrt.rewards.model import encode
 from agentrt.envs.tasks import make_splits
 from agentrt.workloads.prompts.workload import Trainer
@@ -132,7 +133,7 @@ def _config(tmp_path: Path, model_dir: Path, reward, steps: int = STEPS, **extra
 
 @pytest.fixture(scope="module")
 def nano_dir(tmp_path_factory):
-    from agentrt.policies import build_model
+    from agentrt.policies.models import build_model
 
     return build_model(tmp_path_factory.mktemp("nano") / "m", "llama-nano", seed=0)
 

@@ -15,12 +15,12 @@ overflow float32 statistics such as the group std) marks that sample as failed: 
 and is counted in ``reward/errors`` and ``reward/error_rate``. The run goes on unless more than
 ``guards.max_reward_error_rate`` of a step's samples failed (:mod:`agentrt.controller.guards`).
 
-Where rewards come from is a *source* (docs/rewards.md): a Python function (``reward: name``, or
-``{python: name, workers: 4, timeout_s: 5}``), an HTTP reward service (``{http: URL}``) or a
-learned reward model (``{model: FOLDER}``); several combine with weights
-(``reward: [{python: exact_match, weight: 0.7}, {model: rm, weight: 0.3}]``). Each source is a
-:class:`~agentrt.rewards.executors.RewardExecutor` that scores a whole step's samples in one
-``score_batch`` call.
+Where rewards come from is a *source* (:mod:`agentrt.rewards.sources`, docs/rewards.md): a
+Python function (``reward: name``, or ``{python: name, workers: 4, timeout_s: 5}``), an HTTP
+reward service (``{http: URL}``) or a learned reward model (``{model: FOLDER}``); several combine
+with weights (``reward: [{python: exact_match, weight: 0.7}, {model: rm, weight: 0.3}]``). Each
+source is a :class:`~agentrt.rewards.executors.RewardExecutor` that scores a whole step's samples
+in one ``score_batch`` call.
 """
 
 from __future__ import annotations
@@ -84,11 +84,5 @@ def score(fn: RewardFn, samples: list[tuple[str, str, dict[str, Any]]]) -> tuple
     return rewards, errors
 
 
-# The sources and executors use the SDK above, so they load after it.
-from agentrt.rewards.sources import (REWARD_SOURCES, RewardSource, check_reward,  # noqa: E402
-                                     parse_reward, sources_of)
-from agentrt.rewards.executors import RewardExecutor, Sample, build_executor  # noqa: E402
-
-__all__ = ["REWARDS", "REWARD_LIMIT", "REWARD_SOURCES", "RewardExecutor", "RewardFn",
-           "RewardSource", "Sample", "build_executor", "check_reward", "checked", "exact_match",
-           "parse_reward", "resolve_reward", "reward", "score", "sources_of"]
+__all__ = ["REWARDS", "REWARD_LIMIT", "RewardFn", "checked", "exact_match", "resolve_reward",
+           "reward", "score"]

@@ -222,7 +222,7 @@ class WeightedSum(RewardExecutor):
 
 def build_executor(sources: list[RewardSource], device: str = "cpu", namespace: str = ""
                    ) -> WeightedSum:
-    """The executor of a run's ``reward:`` sources (see :func:`~agentrt.rewards.sources_of`).
+    """The executor of a run's ``reward:`` sources (see :func:`~agentrt.rewards.sources.sources_of`).
 
     Args:
         sources: The sources, each with its weight.

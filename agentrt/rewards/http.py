@@ -28,10 +28,12 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrt.rewards.executors import RewardExecutor, Sample, Scores
-from agentrt.rewards.sources import HttpSource
+
+if TYPE_CHECKING:
+    from agentrt.rewards.sources import HttpSource
 
 log = logging.getLogger(__name__)
 _RETRYABLE = (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError,

@@ -8,12 +8,15 @@ the probability of label 1 ("right"). ``examples/train_reward_model.py`` trains 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agentrt.rewards.classifier import classifier_labels
 from agentrt.rewards.executors import RewardExecutor, Sample, Scores
-from agentrt.rewards.sources import ModelSource, classifier_labels
+
+if TYPE_CHECKING:
+    from agentrt.rewards.sources import ModelSource
 
 
 def encode(tokenizer: Any, prompts: list[str], responses: list[str], max_length: int,

@@ -14,9 +14,7 @@ A source mapping has exactly one *kind key* (``python``, ``http``, ``model``: th
 
 from __future__ import annotations
 
-import json
 import socket
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 from urllib.parse import urlsplit
 
@@ -25,6 +23,7 @@ from pydantic import Field, ValidationError, field_validator
 from agentrt.core.errors import ConfigError
 from agentrt.core.registry import Registry
 from agentrt.core.schema import ConfigModel
+from agentrt.rewards.classifier import classifier_labels
 
 if TYPE_CHECKING:
     from agentrt.rewards.executors import RewardExecutor
@@ -232,27 +231,3 @@ def reachable(url: str, field: str, timeout_s: float) -> None:
         why = exc.strerror or type(exc).__name__
         raise ConfigError(f"{field}: cannot reach {url} ({why.lower()}); start the reward "
                           "service or fix the URL") from None
-
-
-def classifier_labels(folder: str, field: str) -> int:
-    """The number of labels of a sequence-classification folder, else ConfigError."""
-    path = Path(folder)
-    if not (path / "config.json").is_file():
-        missing = "does not exist" if not path.exists() else "has no config.json"
-        raise ConfigError(f"{field}: {folder!r} {missing}; give a local Hugging Face "
-                          "sequence-classification folder (examples/train_reward_model.py makes one)")
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        raise ConfigError(f"{field}: {folder}/config.json is not readable JSON") from None
-    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
-    if not any(a.endswith("ForSequenceClassification") for a in archs):
-        shown = ", ".join(archs) or "no architectures"
-        raise ConfigError(f"{field}: {folder!r} is {shown}, not a sequence classifier; give an "
-                          "AutoModelForSequenceClassification folder (examples/"
-                          "train_reward_model.py trains one)")
-    labels = len(cfg.get("id2label") or {}) or int(cfg.get("num_labels", 2))
-    if labels not in (1, 2):
-        raise ConfigError(f"{field}: {folder!r} has {labels} labels; a reward model has 1 (a "
-                          "score) or 2 (wrong/right)")
-    return labels
