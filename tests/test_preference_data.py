@@ -14,18 +14,15 @@ import pytest
 import torch
 import yaml
 
-from agentrt.config.sections import DataConfig, PolicyConfig, load_config, validate_config
+from agentrt.config.load import load_config, validate_config
+from agentrt.config.sections import PolicyConfig
+from agentrt.workloads.prompts.config import DataConfig
 from agentrt.core.errors import ConfigError
 from agentrt.policies.models import load_model
-from agentrt.runtime.preference import (
-    best_worst_pairs,
-    load_preference_data,
-    make_batch,
-    parse_row,
-    read_rows,
-    tournament_pairs,
-)
+from agentrt.runtime.preference import best_worst_pairs, make_batch, tournament_pairs
+from agentrt.workloads.prompts.preference_data import load_preference_data, parse_row, read_rows
 from agentrt.core.types import Trajectory, Turn
+from agentrt.workloads.prompts.config import TrainConfig
 
 AGENTRT = [sys.executable, "-m", "agentrt.cli"]
 ROWS = [
@@ -152,8 +149,8 @@ def test_ppo_and_dpo_configs_differ_only_in_the_algorithm_name(tmp_path):
         "run_dir": str(tmp_path / "run"), "data": {"path": str(data)},
         "policy": {"optim": {"lr": 3e-4}, "micro_batch_size": 8,
                    "algorithm": {"name": "ppo", "beta": 0.2}}}))
-    ppo = load_config(path)
-    dpo = load_config(path, ["policy.algorithm.name=dpo"])
+    ppo = load_config(path, None, TrainConfig)
+    dpo = load_config(path, ["policy.algorithm.name=dpo"], TrainConfig)
     assert ppo.model_dump(exclude={"policy"}) == dpo.model_dump(exclude={"policy"})
     assert ppo.policy.model_dump(exclude={"algorithm"}) == dpo.policy.model_dump(
         exclude={"algorithm"})
@@ -177,7 +174,7 @@ def test_ppo_and_dpo_configs_differ_only_in_the_algorithm_name(tmp_path):
 ])
 def test_preference_config_errors_are_one_line(tmp_path, patch, expected):
     with pytest.raises(ConfigError) as err:
-        validate_config({"run_dir": str(tmp_path / "run"), **patch})
+        validate_config({"run_dir": str(tmp_path / "run"), **patch}, TrainConfig)
     assert str(err.value).startswith("invalid config") and expected in str(err.value)
     assert "\n" not in str(err.value)
 

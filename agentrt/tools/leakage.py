@@ -85,7 +85,7 @@ def training_data(cfg: Any, run_dir: Path) -> tuple[list[Any], list[Any], str]:
         train, evals = [], []
         what = [f"task {t.name!r} is a stream; its prompts are not checked"]
     if cfg.data.path is not None:
-        from agentrt.runtime.preference import parse_row, read_rows
+        from agentrt.workloads.prompts.preference_data import parse_row, read_rows
 
         rows = [r for r in map(parse_row, read_rows(cfg.data)) if not isinstance(r, str)]
         train = train + [Example(prompt, texts[ranks.index(min(ranks))]) for prompt, texts,

@@ -134,7 +134,7 @@ class PromptWorkload(Workload):
         self._make_policies(ctl)
         if self.cfg.data.path is not None:
             from agentrt.algos import PREFERENCE_LOSSES
-            from agentrt.runtime.preference import load_preference_data
+            from agentrt.workloads.prompts.preference_data import load_preference_data
 
             unpaired = getattr(PREFERENCE_LOSSES.get(str(self.algo.preference_loss)),
                                "accepts_unpaired", False)
