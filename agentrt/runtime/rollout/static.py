@@ -160,8 +160,7 @@ class StaticDecoder:
             tokens are pad and its log-probs 0. Log-probs are under the temperature-scaled
             distribution (before top-k/top-p), like the HF path's.
         """
-        base = base_model(self.model)
-        inner = base.model
+        inner = base_model(self.model).model
         device = inner.embed_tokens.weight.device
         ids, mask = ids.to(device), mask.to(device)
         batch, width = ids.shape
@@ -180,36 +179,53 @@ class StaticDecoder:
         valid = torch.ones(batch, width + steps, dtype=torch.bool, device=device)
         valid[:, :width] = mask.bool()  # keys a row may attend to
         pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        out = torch.full((batch, steps), self.pad_id, dtype=torch.long, device=device)
-        logps = torch.zeros(batch, steps, dtype=torch.float32, device=device)
-        rows = torch.arange(batch, device=device)  # full-batch index of each active row
-        alive = torch.ones(batch, dtype=torch.bool, device=device)
-        # Rows of one prompt (a GRPO group's) are prefilled once: their keys, values and first
-        # logits are the same, and the sampling below still draws every row on its own. Rows
-        # of different adapters compute different keys from the same prompt.
+        with autocast:
+            logits = self._prefill(plan, caches, ids, mask, pos, valid, adapters, order)
+        return self._decode(plan, caches, logits, pos[:, -1:], valid, width, sampling, streamer,
+                            adapters, order, autocast)
+
+    def _prefill(self, plan: Any, caches: list[Any], ids: torch.Tensor, mask: torch.Tensor,
+                 pos: torch.Tensor, valid: torch.Tensor, adapters: list[str] | None,
+                 order: dict[str, int] | None) -> torch.Tensor:
+        """The prompts' keys and values into ``caches``; the first logits [B, V].
+
+        Rows of one prompt (a GRPO group's) are prefilled once: their keys, values and first
+        logits are the same, and the sampling still draws every row on its own. Rows of
+        different adapters compute different keys from the same prompt."""
+        batch, width = ids.shape
+        device = ids.device
         key = ids.masked_fill(mask == 0, -1)
         if order is not None:
             key = torch.cat([torch.tensor([order[a] for a in adapters], device=device)[:, None],
                              key], dim=1)
         first, inverse = distinct_rows(key)
+        if len(first) == batch:
+            mixed = None if order is None else MixedRows(adapters, order, device)
+            return self._forward(plan, caches, ids, pos, 0, _prefill_mask(valid[:, :width]), mixed)
+        first, inverse = first.to(device), inverse.to(device)
+        kv_dtype, n_layers = caches[0][0].dtype, len(caches)
+        once = [tuple(torch.empty(len(first), self.n_kv, width, self.head_dim, dtype=kv_dtype,
+                                  device=device) for _ in "kv") for _ in range(n_layers)]
+        logits = self._forward(plan, once, ids[first], pos[first], 0,
+                               _prefill_mask(valid[first, :width]),
+                               None if order is None else MixedRows(
+                                   [adapters[i] for i in first.tolist()], order, device))[inverse]
+        for (k, v), (k1, v1) in zip(caches, once):
+            k[:, :, :width], v[:, :, :width] = k1[inverse], v1[inverse]
+        return logits
+
+    def _decode(self, plan: Any, caches: list[Any], logits: torch.Tensor, pos: torch.Tensor,
+                valid: torch.Tensor, width: int, sampling: SamplingConfig, streamer: Any,
+                adapters: list[str] | None, order: dict[str, int] | None, autocast: Any
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples from ``logits`` and decodes one token a step until every row ended; finished
+        rows are compacted out of the cache once enough of them did."""
+        batch, steps, device = logits.shape[0], sampling.max_new_tokens, logits.device
+        out = torch.full((batch, steps), self.pad_id, dtype=torch.long, device=device)
+        logps = torch.zeros(batch, steps, dtype=torch.float32, device=device)
+        rows = torch.arange(batch, device=device)  # full-batch index of each active row
+        alive = torch.ones(batch, dtype=torch.bool, device=device)
         mixed = None if order is None else MixedRows(adapters, order, device)
-        if len(first) < batch:
-            first, inverse = first.to(device), inverse.to(device)
-            once = [tuple(torch.empty(len(first), self.n_kv, width, self.head_dim, dtype=kv_dtype,
-                                      device=device) for _ in "kv") for _ in inner.layers]
-            with autocast:
-                logits = self._forward(plan, once, ids[first], pos[first], 0,
-                                       _prefill_mask(valid[first, :width]),
-                                       None if order is None else MixedRows(
-                                           [adapters[i] for i in first.tolist()], order,
-                                           device))[inverse]
-            for (k, v), (k1, v1) in zip(caches, once):
-                k[:, :, :width], v[:, :, :width] = k1[inverse], v1[inverse]
-        else:
-            with autocast:
-                logits = self._forward(plan, caches, ids, pos, 0,
-                                       _prefill_mask(valid[:, :width]), mixed)
-        pos = pos[:, -1:]
         decode = (self.step.bind(plan) if self.step and order is None and plain_plan(plan)
                   else self._forward)
         for t in range(steps):
