@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from agentrt.runtime.packing import Forward, Layout, layout
-from agentrt.policies import build_model
+from agentrt.policies.models import build_model
 from agentrt.policies.models import load_model
 
 # compile arms: name -> torch.compile's ``dynamic``

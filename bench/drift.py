@@ -214,7 +214,7 @@ def main() -> None:
         args.steps = max(steps_of(args.replay / f"same{seeds[0]}"))
         args.after = max(steps_of(args.replay / f"changed{seeds[0]}")) - CHANGE
         return report(args.replay, seeds, args.drift, args)
-    from agentrt.policies import build_model
+    from agentrt.policies.models import build_model
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) if args.keep is None else args.keep

@@ -166,7 +166,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="league-memory-") as tmp:
         model_dir = Path(args.model_dir) if args.model_dir else Path(tmp) / args.preset
         if not args.model_dir:
-            from agentrt.policies import build_model
+            from agentrt.policies.models import build_model
 
             build_model(model_dir, args.preset, seed=0)
         print(f"preset {args.preset}, 2 LoRA learners (r=8, all linear layers), "

@@ -35,7 +35,9 @@ from pathlib import Path
 
 import numpy as np  # noqa: E402
 
-from agentrt.memory import FaissBank, bank_config, open_bank
+from agentrt.memory import open_bank
+from agentrt.memory.config import bank_config
+from agentrt.memory.faiss_bank import FaissBank
 from agentrt.testing.redis_server import RedisServer
 
 

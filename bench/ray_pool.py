@@ -73,7 +73,7 @@ def main() -> None:
     args = ap.parse_args()
     import ray
 
-    from agentrt.policies import build_model
+    from agentrt.policies.models import build_model
 
     torch.set_num_threads(1)
     model_dir = build_model(Path(tempfile.mkdtemp()) / "m", args.preset, seed=0)

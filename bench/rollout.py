@@ -184,7 +184,7 @@ def bench_decode(presets: list[str], workdir: Path, rounds: int) -> None:
     """Static decode loop vs model.generate, interleaved, with MFU against in-run GEMM peaks."""
     from mfu import forward_flops, gemm_peak  # bench/mfu.py: one FLOP count for every bench
 
-    from agentrt.policies import load_model
+    from agentrt.policies.models import load_model
     from agentrt.runtime.rollout.hf import HFRollout
 
     shapes = [(b, 256, 1024) for b, _ in DECODE_GRID] + [(256, 1024, 256), (256, 256, 768)]

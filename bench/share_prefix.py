@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from agentrt.runtime.packing import Forward, Layout, layout
-from agentrt.policies import build_model, load_model
+from agentrt.policies.models import build_model, load_model
 from agentrt.core.types import Trajectory, Turn, collate
 
 BATCHES = {"2-6 tokens": (2, 6), "20-32 tokens": (20, 32), "4-64 tokens": (4, 64)}

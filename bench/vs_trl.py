@@ -402,7 +402,7 @@ def main() -> None:
             run = {"agentrt": run_agentrt, "trl": run_trl}[a.worker]
         print(json.dumps(run(a)))
         return
-    from agentrt.policies import build_model
+    from agentrt.policies.models import build_model
 
     tokens = [int(t) for t in a.tokens.split(",")]
     print(f"cpus {os.cpu_count()}, threads {a.threads}, load average "

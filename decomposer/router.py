@@ -55,7 +55,9 @@ from typing import Any, Literal, Mapping
 from pydantic import Field, field_validator
 
 from agentrt.core.errors import AgentrtError, ConfigError
-from agentrt.memory import BankConfig, MemoryBank, open_bank
+from agentrt.memory import open_bank
+from agentrt.memory.bank import MemoryBank
+from agentrt.memory.config import BankConfig
 from agentrt.memory.embedders import EMBEDDERS
 from agentrt.core.schema import ConfigModel
 from agentrt.tournaments.ratings import OpenSkillRatings

@@ -14,9 +14,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from agentrt.envs import check_multiagent_env
-from agentrt.policies import RandomPolicy
-from agentrt.runner import EpisodeRunner, specs
+from agentrt.envs.checker import check_multiagent_env
+from agentrt.policies.scripted import RandomPolicy
+from agentrt.runner.core import EpisodeRunner, specs
 
 sys.path.append(str(Path(__file__).resolve().parent / "plugin_pkg"))
 from nim_plugin.env import Nim  # noqa: E402 - registers Nim-v0

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import random
 
-from agentrt.decomposer import (FAMILIES, FamilyOptions, Plan, StepContext, SubtaskType, Task,
-                                TaskFamily, Verdict)
+from agentrt.decomposer.plan import Plan
+from agentrt.decomposer.sdk import (FAMILIES, FamilyOptions, StepContext, SubtaskType, Task,
+                                    TaskFamily, Verdict)
 
 
 def numbers(text: str) -> list[int] | None:

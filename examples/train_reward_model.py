@@ -122,7 +122,7 @@ def build_classifier(preset: str, seed: int, init: str | None, lm_steps: int, lr
     from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig,
                               LlamaForSequenceClassification)
 
-    from agentrt.policies import build_model
+    from agentrt.policies.models import build_model
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(init) if init else build_model(Path(tmp) / "base", preset, seed=seed)

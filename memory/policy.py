@@ -237,7 +237,8 @@ class RunMemory:
 def open_banks(names: Sequence[str], declared: Mapping[str, BankConfig],
                run_dir: str | Path | None) -> dict[str, MemoryBank]:
     """Opens each named bank once: as declared, else a default FAISS bank of that name."""
-    from agentrt.memory import bank_config, open_bank
+    from agentrt.memory import open_bank
+    from agentrt.memory.config import bank_config
 
     return {name: open_bank(declared.get(name) or bank_config(name=name), run_dir=run_dir)
             for name in dict.fromkeys(names)}

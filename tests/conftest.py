@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
     """A llama-tiny model + byte tokenizer in HF format, built once per session."""
-    from agentrt.policies import build_model
+    from agentrt.policies.models import build_model
 
     return build_model(tmp_path_factory.mktemp("models") / "llama-tiny", "llama-tiny", seed=0)
 

@@ -28,7 +28,7 @@ def digits(prompt: str, response: str, info: dict) -> float:
 
 @pytest.fixture(scope="module")
 def nano_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from agentrt.policies import build_model
+    from agentrt.policies.models import build_model
 
     return build_model(tmp_path_factory.mktemp("models") / "nano", "llama-nano", seed=0)
 

@@ -29,7 +29,7 @@ import pytest
 
 from agentrt.serving.canary_stats import CanaryTest, SequentialTest, design
 from agentrt.config.rollout import SamplingConfig
-from agentrt.policies import build_model
+from agentrt.policies.models import build_model
 from agentrt.serving.protocol import encode_text
 from test_cli_check import run_cli
 from test_serve import PROMPTS, TOKEN, Server, client, lora_engine

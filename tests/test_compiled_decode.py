@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from agentrt.policies import build_model, load_model
+from agentrt.policies.models import build_model, load_model
 
 from agentrt.config.rollout import SamplingConfig
 from agentrt.runtime.rollout.compiled import plain_plan

@@ -78,7 +78,7 @@ def raw_post(url: str, body: dict[str, Any], token: str | None) -> tuple[int, di
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from agentrt.testing.redis_server import RedisServer
-    from agentrt.policies import build_model
+    from agentrt.policies.models import build_model
 
     base = tmp_path_factory.mktemp("control")
     nano = build_model(base / "nano", "llama-nano", seed=0)

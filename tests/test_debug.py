@@ -58,7 +58,7 @@ class PlantedDrift(PromptWorkload):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from agentrt.policies import build_model
+    from agentrt.policies.models import build_model
 
     tmp = tmp_path_factory.mktemp("debug")
     model = build_model(tmp / "nano", "llama-nano", seed=0)
@@ -129,7 +129,7 @@ def test_actor_drift_between_checkpoints(runs: Path) -> None:
 
 
 def test_prompt_in_a_memory_bank(runs: Path, tmp_path: Path) -> None:
-    from agentrt.memory import FaissBank
+    from agentrt.memory.faiss_bank import FaissBank
     from agentrt.memory.config import BankConfig
 
     run = tmp_path / "run"

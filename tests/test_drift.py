@@ -17,7 +17,7 @@ from agentrt.config.drift import DriftConfig, SignalTest
 from agentrt.controller.drift import compare, ks_2samp, psi, weights_sha256
 from agentrt.runtime.pool import LocalPool
 from agentrt.rewards import reward
-from agentrt.controller.run_dir import load_checkpoint
+from agentrt.controller.checkpoint import load_checkpoint
 from agentrt.workloads.prompts.workload import Trainer
 from agentrt.workloads.prompts.config import TrainConfig
 
@@ -32,7 +32,7 @@ def pays_for_length(prompt: str, response: str, info: dict) -> float:
 
 @pytest.fixture(scope="module")
 def nano_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from agentrt.policies import build_model
+    from agentrt.policies.models import build_model
 
     return build_model(tmp_path_factory.mktemp("models") / "llama-nano", "llama-nano", seed=0)
 

@@ -14,7 +14,7 @@ from agentrt.algos.rae import RAEState
 from agentrt.runtime.learner import Learner
 from agentrt.runtime.steps import advantages_from
 from agentrt.core.errors import ModelLoadError
-from agentrt.policies import load_model
+from agentrt.policies.models import load_model
 from agentrt.core.types import Trajectory, Turn, collate
 
 PROMPTS = [f"{a}+{b}=" for a, b in [(1, 2), (13, 40), (7, 77), (50, 5), (99, 1), (3, 3)]]

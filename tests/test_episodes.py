@@ -31,7 +31,7 @@ PROMPTS, GROUP = 2, 2
 
 @pytest.fixture(scope="module")
 def nano_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from agentrt.policies import build_model
+    from agentrt.policies.models import build_model
 
     return build_model(tmp_path_factory.mktemp("models") / "nano", "llama-nano", seed=0)
 

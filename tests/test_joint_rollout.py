@@ -12,9 +12,9 @@ import torch
 from agentrt.config.rollout import SamplingConfig
 from agentrt.config.sections import ModelConfig, PolicyConfig
 from agentrt.controller.loop import PolicyHandle
-from agentrt.policies import LMPolicy, PromptTemplate
+from agentrt.policies.lm import LMPolicy, PromptTemplate
 from agentrt.runtime.pool import LocalPool
-from agentrt.runner import EpisodeRunner, RunnerConfig, specs
+from agentrt.runner.core import EpisodeRunner, RunnerConfig, specs
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=3)
 SHORT = PromptTemplate(first="{observation}\n> ", turn="\n{observation}\n> ")

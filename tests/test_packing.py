@@ -7,7 +7,9 @@ import random
 import pytest
 import torch
 
-from agentrt.config.sections import AlgorithmConfig, LoraConfig, validate_config
+from agentrt.algos.config import AlgorithmConfig
+from agentrt.config.load import validate_config
+from agentrt.config.sections import LoraConfig
 from agentrt.core.errors import ConfigError
 from agentrt.runtime import packing
 from agentrt.runtime.packing import layout, plan_micro_batches
@@ -200,10 +202,10 @@ def test_rows_are_packed_first_fit_decreasing():
                                            ({"packing": "maybe"}, "packing")])
 def test_bad_budget_or_packing_is_one_message_naming_the_field(policy, field):
     with pytest.raises(ConfigError, match=f"policy.{field}"):
-        validate_config({"policy": policy})
+        validate_config({"policy": policy}, TrainConfig)
 
 
 def test_sharing_a_prompt_without_packing_is_refused_by_name():
     with pytest.raises(ConfigError, match="policy: share_prefix: .* set packing: true"):
-        validate_config({"policy": {"packing": False, "share_prefix": True}})
-    validate_config({"policy": {"packing": False}})  # the default then shares nothing
+        validate_config({"policy": {"packing": False, "share_prefix": True}}, TrainConfig)
+    validate_config({"policy": {"packing": False}}, TrainConfig)  # the default then shares nothing

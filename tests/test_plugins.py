@@ -27,8 +27,8 @@ def agentrt(*args: str, cwd: Path, env: dict[str, str] | None = None
 
 def test_scripted_player_task_and_reward_behave(monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(PLUGIN))
-    from agentrt.policies import RandomPolicy
-    from agentrt.runner import EpisodeRunner, specs
+    from agentrt.policies.scripted import RandomPolicy
+    from agentrt.runner.core import EpisodeRunner, specs
     from nim_plugin.task import nim_optimal
 
     assert nim_optimal("", " 1", {"stones": 13}) == 1.0  # leaves 12

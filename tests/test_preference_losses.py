@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from agentrt.algos import PREFERENCE_LOSSES, PreferenceIndex, sequence_logps
+from agentrt.algos import PREFERENCE_LOSSES
+from agentrt.algos.preference import PreferenceIndex, sequence_logps
 from agentrt.algos.config import AlgorithmConfig
 from agentrt.runtime.losses import preference_loss
 
@@ -194,10 +195,10 @@ def test_chosen_nll_term_adds_the_per_token_nll_of_the_best_responses(tiny_model
         return Learner(PolicyConfig(model={"path": str(tiny_model_dir)}, algorithm={
             "name": "dpo", "online": False, "chosen_nll_coef": coef}), seed=0)
 
-    plain, rpo = engine(0.0), engine(0.5)
     def policy_logprobs(learner, batch):  # the learner's forward pass, as its update runs it
         return learner.passes.forward(learner.model, batch.seqs, scaled=False).logprobs()
 
+    plain, rpo = engine(0.0), engine(0.5)
     tok = plain.tokenizer
     examples = [PreferenceExample("", [[1, 30, 31]] * 2, [[40, 41, 2], [42, 2]], [0, 1]),
                 PreferenceExample("", [[1, 33]] * 3, [[43, 2], [44, 45, 46, 2], [47, 2]],

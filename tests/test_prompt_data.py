@@ -190,7 +190,7 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
 def test_chat_messages_rendered_with_the_template_or_as_lines(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from agentrt.policies import build_model
+    from agentrt.policies.models import build_model
 
     tokenizer = AutoTokenizer.from_pretrained(build_model(tmp_path / "m", "llama-nano", seed=0))
     def chat(i: int) -> list[dict[str, str]]:

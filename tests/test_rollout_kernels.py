@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.profiler import profile
 
 from agentrt.config.rollout import SamplingConfig
-from agentrt.policies import build_model, load_model
+from agentrt.policies.models import build_model, load_model
 from agentrt.runtime.rollout import kernels, packed
 from agentrt.runtime.rollout.static import StaticDecoder
 

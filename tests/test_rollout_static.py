@@ -11,7 +11,7 @@ import torch
 from scipy.stats import chi2
 
 from agentrt.config.rollout import RolloutConfig, SamplingConfig
-from agentrt.policies import build_model, load_model
+from agentrt.policies.models import build_model, load_model
 from agentrt.runtime.rollout.hf import HFRollout
 from agentrt.runtime.rollout.static import StaticDecoder
 from agentrt.runtime.shared_model import swapped_weights

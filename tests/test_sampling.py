@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from agentrt.config.rollout import SamplingConfig
-from agentrt.policies import load_model
+from agentrt.policies.models import load_model
 from agentrt.runtime.rollout.hf import HFRollout
 
 

@@ -246,7 +246,7 @@ class TournamentRunConfig(RunConfig):
 
     def env_seats(self) -> dict[str, tuple[str, ...]]:
         """Agent names in seat order per env id, read from the envs built with their kwargs."""
-        from agentrt.envs import make_multi
+        from agentrt.envs.registration import make_multi
 
         out = {}
         for e in self.envs:

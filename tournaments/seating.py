@@ -57,7 +57,7 @@ def resolve_seats(envs: Sequence[str], seats: Mapping[str, Sequence[str]] | None
 
 
 def _registered_agents(env: str) -> tuple[str, ...]:
-    from agentrt.envs import ENVS, make_multi
+    from agentrt.envs.registration import ENVS, make_multi
 
     if env not in ENVS:
         return DEFAULT_SEATS

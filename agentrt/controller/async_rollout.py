@@ -34,7 +34,7 @@ from typing import Any
 from agentrt.config.rollout import SamplingConfig
 from agentrt.config.run import AsyncRolloutConfig
 from agentrt.config.sections import PolicyConfig
-from agentrt.runtime.learner import Completion
+from agentrt.runtime.rollout.hf import Completion
 from agentrt.core.errors import ConfigError
 from agentrt.runtime.pool import LocalPool, RolloutCopy
 from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunResult

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from agentrt.controller.drift import DriftPaused, weights_sha256
 from agentrt.controller.identity import RunFolderError
-from agentrt.controller.run_dir import load_checkpoint, rng_state, set_rng_state, truncate_jsonl
+from agentrt.controller.checkpoint import load_checkpoint
+from agentrt.controller.run_dir import rng_state, set_rng_state, truncate_jsonl
 from agentrt.controller.workload import Workload
 
 if TYPE_CHECKING:

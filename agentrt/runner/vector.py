@@ -24,7 +24,7 @@ _ENDS = ("", "terminated", "invalid", "turn_limit")
 
 def can_vectorize(runner: Any, episodes: Sequence[EpisodeSpec]) -> bool:
     """Whether :func:`run_vectorized` can play ``episodes`` with ``runner``'s policies."""
-    from agentrt.envs import ENVS
+    from agentrt.envs.registration import ENVS
 
     if not episodes or not runner.cfg.vectorize:
         return False
@@ -42,7 +42,7 @@ def can_vectorize(runner: Any, episodes: Sequence[EpisodeSpec]) -> bool:
 def run_vectorized(runner: Any, episodes: Sequence[EpisodeSpec], stats: Any
                    ) -> list[EpisodeRecord]:
     """Plays ``episodes`` in blocks of ``runner.cfg.concurrency`` games; returns their records."""
-    from agentrt.envs import ENVS
+    from agentrt.envs.registration import ENVS
 
     game = ENVS.get(episodes[0].env).entry_point.vector_game()
     records: list[EpisodeRecord] = []

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from agentrt.algos import entropy_from_logits
+from agentrt.algos.losses import entropy_from_logits
 from agentrt.runtime.steps import shift_entropy, shift_logprobs
 
 # Packed rows are at least this wide, so that short sequences of like length still share rows

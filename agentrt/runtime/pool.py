@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from agentrt.algos import RAEState
+from agentrt.algos.rae import RAEState
 from agentrt.config.rollout import SamplingConfig
 from agentrt.config.sections import PolicyConfig, SFTConfig
 from agentrt.runtime.learner import Learner

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrt.algos import RAEState
+from agentrt.algos.rae import RAEState
 from agentrt.config.sections import PolicyConfig, ResourcesConfig, RuntimeConfig
 from agentrt.core.errors import AgentrtError
 from agentrt.core.types import Trajectory

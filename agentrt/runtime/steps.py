@@ -13,14 +13,10 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 from torch import nn
 
-from agentrt.algos import (
-    ADVANTAGES,
-    KL_ESTIMATORS,
-    AdvantageInputs,
-    RAEState,
-    entropy_from_logits,
-    use_rae_state,
-)
+from agentrt.algos import ADVANTAGES, KL_ESTIMATORS
+from agentrt.algos.advantages import AdvantageInputs
+from agentrt.algos.losses import entropy_from_logits
+from agentrt.algos.rae import RAEState, use_rae_state
 from agentrt.runtime.rollout.hf import token_logprobs
 from agentrt.core.types import TrainBatch
 

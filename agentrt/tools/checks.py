@@ -125,7 +125,7 @@ def resolve(kind: str, cfg: Any) -> None:
     """
     if kind == "train":
         from agentrt.workloads.prompts.data import check_source
-        from agentrt.rewards import check_reward
+        from agentrt.rewards.sources import check_reward
 
         check_reward(cfg.reward)  # functions import, model folders classify, services answer
         check_model_path("policy.model.path", cfg.policy.model.path)

@@ -165,8 +165,9 @@ def rescore(spec: Any, s: Sample, n: int, device: str = "cpu") -> tuple[list[flo
     sample id (a service must not answer a repeat from its cache). Returns (values, errors)."""
     import uuid
 
-    from agentrt.rewards import Sample as Scored
-    from agentrt.rewards import build_executor, sources_of
+    from agentrt.rewards.executors import Sample as Scored
+    from agentrt.rewards.executors import build_executor
+    from agentrt.rewards.sources import sources_of
 
     executor = build_executor(sources_of(spec), device, namespace=f"debug-{uuid.uuid4().hex}")
     try:
@@ -270,7 +271,7 @@ class _Policy:
 
     def __init__(self, run_dir: Path, cfg: Any) -> None:
         from agentrt.tools.leakage import run_model_folder
-        from agentrt.policies import load_model
+        from agentrt.policies.models import load_model
 
         self.cfg, self.pid = cfg, cfg.id
         folder = run_model_folder(cfg, run_dir)

@@ -13,7 +13,7 @@ import pytest
 from agentrt.config.load import validate_config
 from agentrt.decomposer.config import DecomposeConfig
 from agentrt.decomposer.workload import Decomposer
-from agentrt.envs import make_multi
+from agentrt.envs.registration import make_multi
 from agentrt.runner.core import ROUTED, EpisodeRunner, EpisodeSpec, RunnerConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,11 +16,12 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from agentrt.decomposer import (FAMILIES, Plan, StepContext, SubtaskType, Task, TaskFamily,
-                                make_family)
+from agentrt.decomposer.plan import Plan
+from agentrt.decomposer.sdk import FAMILIES, StepContext, SubtaskType, Task, TaskFamily, make_family
 from agentrt.decomposer.env import WholeTaskEnv
 from agentrt.decomposer.sdk import as_verdict
-from agentrt.envs import check_multiagent_env, make, make_multi
+from agentrt.envs.checker import check_multiagent_env
+from agentrt.envs.registration import make, make_multi
 
 FAMILY_ENVS = {"wordchain": "WordChain-v0", "eventplan": "EventPlan-v0"}
 SIZES = {"train_size": 200, "eval_size": 50, "seed": 7}  # one cached split for every env here

@@ -10,7 +10,9 @@ import pyspiel
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from agentrt.envs import ENVS, calculate, check_multiagent_env, make, make_multi
+from agentrt.envs.checker import check_multiagent_env
+from agentrt.envs.registration import ENVS, make, make_multi
+from agentrt.envs.single import calculate
 from agentrt.envs.board import ttt_winner
 from agentrt.envs.vector import TicTacToeVector
 from agentrt.core.errors import ConfigError
@@ -47,7 +49,7 @@ def test_multiagent_checker_passes(env_id: str, kwargs: dict) -> None:
 
 
 def test_checker_catches_an_env_that_ignores_its_seed() -> None:
-    from agentrt.envs import KuhnPoker
+    from agentrt.envs.kuhn import KuhnPoker
 
     class Unseeded(KuhnPoker):
         def _reset(self, options):  # draws from fresh entropy: not reproducible

@@ -8,20 +8,13 @@ import math
 
 import pytest
 
-from agentrt.envs import make
+from agentrt.envs.registration import make
 
 from agentrt.core.errors import ConfigError
-from agentrt.policies import (
-    BargainHeuristic,
-    CalculatorAgent,
-    ConnectFourHeuristic,
-    KuhnPolicy,
-    MinimaxTicTacToe,
-    RandomPolicy,
-    kuhn_nash,
-)
+from agentrt.policies.scripted import (BargainHeuristic, CalculatorAgent, ConnectFourHeuristic,
+                                       KuhnPolicy, MinimaxTicTacToe, RandomPolicy, kuhn_nash)
 from agentrt.policies.scripted import kuhn_info_state
-from agentrt.runner import EpisodeRunner, EpisodeSpec, RunnerConfig, specs
+from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunnerConfig, specs
 
 
 def test_100k_random_tictactoe_games_match_the_known_rates() -> None:
@@ -276,7 +269,8 @@ def test_the_custom_env_example_runs_and_perfect_play_wins() -> None:
     import runpy
     from pathlib import Path
 
-    from agentrt.envs import ENVS, check_multiagent_env, register
+    from agentrt.envs.checker import check_multiagent_env
+    from agentrt.envs.registration import ENVS, register
 
     path = Path(__file__).resolve().parents[2] / "examples" / "custom_env.py"
     module = runpy.run_path(str(path))  # defines Nim without registering it

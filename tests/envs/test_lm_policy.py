@@ -148,7 +148,7 @@ def test_bank_memory_puts_revealed_facts_into_later_prompts(engine, tmp_path) ->
 
 
 def test_task_env_groups_repeated_prompts_for_group_baselines(engine) -> None:
-    from agentrt.runner import EpisodeSpec
+    from agentrt.runner.core import EpisodeSpec
 
     runner = EpisodeRunner({"lm": LMPolicy(engine, templates=SHORT)})
     group = [EpisodeSpec("Task-v0", ("lm",), seed=7)] * 4 + [EpisodeSpec("Task-v0", ("lm",),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from agentrt.memory import FaissBank, bank_config
+from agentrt.memory.config import bank_config
+from agentrt.memory.faiss_bank import FaissBank
 from agentrt.memory.augment import (
     CONTEXT_HEADER,
     MemoryConfig,
@@ -13,7 +14,7 @@ from agentrt.memory.augment import (
     retrieve_context,
     write_episode_memories,
 )
-from agentrt.policies import build_tokenizer
+from agentrt.policies.models import build_tokenizer
 from agentrt.core.types import Trajectory, Turn
 
 

@@ -9,17 +9,11 @@ import pytest
 import redis
 
 from agentrt.core.errors import AgentrtError
-from agentrt.memory import (
-    BackendUnavailableError,
-    DimensionError,
-    FaissBank,
-    FilterError,
-    InvalidRecordError,
-    MemoryBankError,
-    QueryError,
-    bank_config,
-    open_bank,
-)
+from agentrt.memory import open_bank
+from agentrt.memory.config import bank_config
+from agentrt.memory.errors import (BackendUnavailableError, DimensionError, FilterError,
+                                   InvalidRecordError, MemoryBankError, QueryError)
+from agentrt.memory.faiss_bank import FaissBank
 from agentrt.testing.redis_server import free_port
 
 DIM = 16

@@ -7,7 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from agentrt.memory import FaissBank, HashingEmbedder, MiniLMEmbedder, bank_config, build_embedder
+from agentrt.memory.config import bank_config
+from agentrt.memory.embedders import HashingEmbedder, MiniLMEmbedder, build_embedder
+from agentrt.memory.faiss_bank import FaissBank
 
 
 def cos(a: np.ndarray, b: np.ndarray) -> float:

@@ -7,7 +7,9 @@ import threading
 import numpy as np
 import pytest
 
-from agentrt.memory import FaissBank, bank_config, open_bank
+from agentrt.memory import open_bank
+from agentrt.memory.config import bank_config
+from agentrt.memory.faiss_bank import FaissBank
 
 DIM = 32
 

@@ -31,12 +31,13 @@ from agentrt.config.sections import ModelConfig, PolicyConfig, SFTConfig
 from agentrt.runtime.learner import Learner
 from agentrt.runtime.optim import make_scheduler
 from agentrt.core.errors import ConfigError
-from agentrt.memory import FaissBank, bank_config
+from agentrt.memory.config import bank_config
+from agentrt.memory.faiss_bank import FaissBank
 from agentrt.memory.augment import MemoryConfig
 from agentrt.memory.policy import PolicyMemory, revealed_facts, wire_memories
-from agentrt.policies import LMPolicy, PromptTemplate
+from agentrt.policies.lm import LMPolicy, PromptTemplate
 from agentrt.policies.base import Action
-from agentrt.runner import EpisodeRunner, RunnerConfig, specs
+from agentrt.runner.core import EpisodeRunner, RunnerConfig, specs
 from agentrt.core.types import Trajectory, Turn, collate
 
 # The retrieval matches the asked key (the observation is the query), so the prompt shows the
@@ -292,7 +293,7 @@ def test_memory_config_in_policy_and_run_configs() -> None:
 
 
 if __name__ == "__main__":
-    from agentrt.policies import build_model
+    from agentrt.policies.models import build_model
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import redis
 
-from agentrt.memory import BackendUnavailableError, DimensionError, open_bank
+from agentrt.memory import open_bank
+from agentrt.memory.errors import BackendUnavailableError, DimensionError
 from agentrt.testing.redis_server import RedisServer
 
 

@@ -8,20 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from agentrt.tournaments import (
-    ALL,
-    EloRatings,
-    Match,
-    MatchResult,
-    MatchStore,
-    OpenSkillRatings,
-    Player,
-    WinMatrix,
-    build_leaderboard,
-    fit_bradley_terry,
-    rated_view,
-    write_report,
-)
+from agentrt.tournaments.ratings import (ALL, EloRatings, OpenSkillRatings, WinMatrix,
+                                         fit_bradley_terry, rated_view)
+from agentrt.tournaments.records import MatchStore
+from agentrt.tournaments.report import build_leaderboard, write_report
+from agentrt.tournaments.types import Match, MatchResult, Player
 from agentrt.tournaments.report import win_rate_curves
 
 

@@ -9,20 +9,10 @@ import numpy as np
 import pytest
 from tournament_sim import play
 
-from agentrt.tournaments import (
-    ALL,
-    EloRatings,
-    Entrant,
-    Match,
-    MatchResult,
-    OpenSkillRatings,
-    Player,
-    TournamentError,
-    WinMatrix,
-    build_scheduler,
-    fit_bradley_terry,
-    kendall_tau,
-)
+from agentrt.tournaments.config import build_scheduler
+from agentrt.tournaments.ratings import (ALL, EloRatings, OpenSkillRatings, WinMatrix,
+                                         fit_bradley_terry, kendall_tau)
+from agentrt.tournaments.types import Entrant, Match, MatchResult, Player, TournamentError
 
 TRUE = {f"p{i}": s for i, s in enumerate(np.linspace(-2.0, 2.0, 10))}  # log-odds strengths
 

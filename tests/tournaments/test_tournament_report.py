@@ -9,15 +9,10 @@ from pathlib import Path
 import pytest
 from tournament_sim import play
 
-from agentrt.tournaments import (
-    Entrant,
-    MatchStore,
-    Player,
-    build_leaderboard,
-    build_scheduler,
-    format_leaderboard,
-    write_report,
-)
+from agentrt.tournaments.config import build_scheduler
+from agentrt.tournaments.records import MatchStore
+from agentrt.tournaments.report import build_leaderboard, format_leaderboard, write_report
+from agentrt.tournaments.types import Entrant, Player
 from agentrt.tournaments.report import rating_history, win_rate_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -11,16 +11,11 @@ import pytest
 from tournament_sim import play
 
 from agentrt.core.errors import ConfigError
-from agentrt.tournaments import (
-    PFSP,
-    SCHEDULERS,
-    Entrant,
-    MatchResult,
-    Swiss,
-    TournamentError,
-    build_scheduler,
-    pfsp_probs,
-)
+from agentrt.tournaments.config import SCHEDULERS, build_scheduler
+from agentrt.tournaments.scheduling import pfsp_probs
+from agentrt.tournaments.selfplay import PFSP
+from agentrt.tournaments.swiss import Swiss
+from agentrt.tournaments.types import Entrant, MatchResult, TournamentError
 
 FIXED = [Entrant("random"), Entrant("heuristic")]
 

@@ -15,18 +15,12 @@ import pytest
 from tournament_sim import play
 
 from agentrt.core.errors import ConfigError
-from agentrt.tournaments import (
-    PFSP,
-    Entrant,
-    Match,
-    MatchResult,
-    Player,
-    Tournament,
-    TournamentError,
-    build_scheduler,
-    pfsp_probs,
-    resolve_seats,
-)
+from agentrt.tournaments.config import build_scheduler
+from agentrt.tournaments.scheduling import pfsp_probs
+from agentrt.tournaments.seating import resolve_seats
+from agentrt.tournaments.selfplay import PFSP
+from agentrt.tournaments.session import Tournament
+from agentrt.tournaments.types import Entrant, Match, MatchResult, Player, TournamentError
 from agentrt.tournaments import scheduling
 
 FORMATS = ["round_robin", "swiss", "mirror", "lagged", "fsp", "pfsp", "league"]
@@ -353,7 +347,7 @@ def test_two_seat_schedules_are_those_of_the_code_before_seats(fmt, envs) -> Non
 
 
 def test_two_seat_league_ratings_are_those_of_the_code_before_seats(tmp_path: Path) -> None:
-    from agentrt.tournaments import build_leaderboard
+    from agentrt.tournaments.report import build_leaderboard
 
     expected = json.loads(HEAD.read_text())["ttt/session_ratings"]
     with Tournament(tmp_path, {"format": "league", "snapshot": {"every": 3, "min_steps": 1}},

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from tournament_sim import play
 
-from agentrt.tournaments import Entrant, Player, Tournament, TournamentError, load_state, save_state
+from agentrt.tournaments.scheduling import load_state, save_state
+from agentrt.tournaments.session import Tournament
+from agentrt.tournaments.types import Entrant, Player, TournamentError
 
 LEAGUE = [Entrant("lm", True, "main"), Entrant("mx", True, "main_exploiter"),
           Entrant("random"), Entrant("heuristic")]

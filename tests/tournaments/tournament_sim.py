@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from agentrt.tournaments import Match, MatchResult, Player
+from agentrt.tournaments.types import Match, MatchResult, Player
 
 
 def play(match: Match, strength: Callable[[Player], float], draw_scale: float = 0.0,

@@ -14,7 +14,7 @@ from vllm_testlib import ENGINE_CFG
 @pytest.fixture(scope="module")
 def engine_factory():
     """Starts VLLMRollout engines for one module and closes them all at its end."""
-    from agentrt.runtime.rollout import VLLMRollout
+    from agentrt.runtime.rollout.vllm_backend import VLLMRollout
 
     started = []
 

@@ -11,7 +11,8 @@ from agentrt.config.load import validate_config
 from agentrt.config.rollout import SamplingConfig
 from agentrt.runtime.learner import Learner
 from agentrt.core.errors import AgentrtError, ConfigError
-from agentrt.runtime.rollout import RolloutStartError, VLLMRollout
+from agentrt.runtime.rollout.vllm_backend import RolloutStartError, VLLMRollout
+from agentrt.workloads.prompts.config import TrainConfig
 
 
 def one_line(exc: pytest.ExceptionInfo) -> str:
@@ -58,9 +59,9 @@ def test_too_little_kv_cache_then_hf_still_serves(tiny_model_dir):
 
 def test_config_rejects_unknown_backend_and_bad_slots():
     with pytest.raises(ConfigError, match="policy.rollout.backend"):
-        validate_config({"policy": {"rollout": {"backend": "tgi"}}})
+        validate_config({"policy": {"rollout": {"backend": "tgi"}}}, TrainConfig)
     with pytest.raises(ConfigError, match="max_loras"):
         validate_config({"policy": {"rollout": {"vllm": {"max_loras": 9,
-                                                         "max_resident_adapters": 2}}}})
-    cfg = validate_config({"policy": {"rollout": {"backend": "vllm"}}})
+                                                         "max_resident_adapters": 2}}}}, TrainConfig)
+    cfg = validate_config({"policy": {"rollout": {"backend": "vllm"}}}, TrainConfig)
     assert cfg.policy.rollout.backend == "vllm"

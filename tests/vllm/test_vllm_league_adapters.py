@@ -19,7 +19,8 @@ import pytest
 import torch
 from vllm_testlib import low_byte_reward, make_prompts
 
-from agentrt.config.sections import ModelConfig, PolicyConfig, RolloutConfig, SamplingConfig, VLLMConfig
+from agentrt.config.rollout import RolloutConfig, SamplingConfig, VLLMConfig
+from agentrt.config.sections import ModelConfig, PolicyConfig
 from agentrt.runtime.pool import LocalPool
 from agentrt.core.types import Trajectory, Turn
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrt.config.sections import SamplingConfig
+from agentrt.config.rollout import SamplingConfig
 
 
 def test_vllm_top_k_zero_samples_the_full_distribution(engine_factory, tiny_model_dir):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrt.config.sections import SamplingConfig
+from agentrt.config.rollout import SamplingConfig
 from agentrt.core.types import Trajectory, Turn, collate
 from agentrt.runtime.learner import Learner
 from vllm_testlib import grpo_step, make_prompts, policy_config

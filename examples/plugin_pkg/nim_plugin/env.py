@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrt.envs import MultiAgentEnv, register
+from agentrt.envs.core import MultiAgentEnv
+from agentrt.envs.registration import register
 
 
 class Nim(MultiAgentEnv):
