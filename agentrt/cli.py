@@ -337,8 +337,9 @@ def ckpt_check(
 
 @app.command("debug")
 def debug_command(
-    run_dir: Path = typer.Argument(..., help="The run folder of an agentrt train run."),
-    sample: str = typer.Argument(..., help="An episode id of its episode log (s<step>-<index>) "
+    run_dir: Path = typer.Argument(..., help="A run folder (train, tournament or decompose)."),
+    sample: str = typer.Argument(..., help="An episode id of its episode log (s<step>-<index>; "
+                                           "a match or chain turn: s<step>-<index>-<agent>-<turn>) "
                                            "or a JSON file {prompt, response, reward?, info?, "
                                            "step?}."),
     reward: Optional[str] = typer.Option(None, "--reward", help="Second reward source to "

@@ -26,7 +26,10 @@ OLD_COMMIT = "8857db1"
 
 ARM = r"""
 import json, sys, time
-from agentrt.config.sections import load_config
+try:  # this checkout's layout
+    from agentrt.config.load import load_config
+except ImportError:  # agentrt before the house move (flat modules)
+    from agentrt.config import load_config
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.trainer import LeagueTrainer
 import agentrt

@@ -102,8 +102,8 @@ def multi_turn_workload(generate, episodes: int = 32, turns: int = 3) -> tuple[i
 RESTART = """
 import sys, time
 start = time.perf_counter()
-from agentrt.config.sections import VLLMConfig
-from agentrt.runtime.rollout import VLLMRollout
+from agentrt.config.rollout import VLLMConfig
+from agentrt.runtime.rollout.vllm_backend import VLLMRollout
 VLLMRollout(sys.argv[1], VLLMConfig.model_validate_json(sys.argv[2]))
 print(time.perf_counter() - start)
 """

@@ -36,16 +36,22 @@ from oldcode import ROOT, export, run_arm
 ARM = r"""
 import json, resource, sys, time
 from pathlib import Path
-from agentrt.config.sections import load_config
 import agentrt
+try:  # this checkout's layout
+    from agentrt.config.load import load_config
+    from agentrt.workloads.prompts.config import TrainConfig
+    from agentrt.workloads.prompts.workload import Trainer
+except ImportError:  # agentrt before the house move (flat modules)
+    from agentrt.config import TrainConfig, load_config
+    from agentrt.trainer import Trainer
 kind, config, overrides = sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 if kind == "league":
     from agentrt.tournaments.run_config import TournamentRunConfig
     from agentrt.tournaments.trainer import LeagueTrainer as Run
     cfg = load_config(config, overrides, model=TournamentRunConfig)
 else:
-    from agentrt.workloads.prompts.workload import Trainer as Run
-    cfg = load_config(config, overrides)
+    Run = Trainer
+    cfg = load_config(config, overrides, model=TrainConfig)
 start = time.perf_counter()
 Run(cfg).run()
 seconds = time.perf_counter() - start

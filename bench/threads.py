@@ -32,12 +32,13 @@ CONFIG = ROOT / "examples" / "arith_grpo.yaml"
 
 ARM = r"""
 import json, sys, time
-from agentrt.config.sections import load_config
+from agentrt.config.load import load_config
+from agentrt.workloads.prompts.config import TrainConfig
 from agentrt.workloads.prompts.workload import Trainer
 overrides, steps = json.loads(sys.argv[1]), int(sys.argv[2])
-cfg = load_config(sys.argv[3], overrides)
+cfg = load_config(sys.argv[3], overrides, TrainConfig)
 Trainer(cfg).run(stop_after=0)  # model build, tuning, step-0 eval and checkpoint: not timed
-trainer = Trainer(load_config(sys.argv[3], overrides + [f"train.steps={steps}"]))
+trainer = Trainer(load_config(sys.argv[3], overrides + [f"train.steps={steps}"], TrainConfig))
 start, cpu = time.perf_counter(), time.process_time()
 trainer.run()
 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu

@@ -387,7 +387,8 @@ STATES: dict[str, tuple[str, Callable[[Path], None], str, str]] = {
                              "debug {run} s1-0", "not a UTF-8 text file"),
     "debug_no_run_json": ("train", _remove("run.json"), "debug {run} s1-0", "holds no run"),
     "debug_league_run": ("league", lambda run: None, "debug {run} s1-0",
-                         "not a run of agentrt train"),
+                         "has no episode 's1-0'; give an episode id of its episodes.sqlite "
+                         "(e.g. s1-0-player_"),
     "debug_second_reward_unknown": ("train", lambda run: None,
                                     "debug {run} s1-0 --reward no_such_module:fn",
                                     "cannot import module 'no_such_module'"),

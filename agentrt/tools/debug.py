@@ -121,10 +121,13 @@ def load_sample(run_dir: Path, spec: str) -> Sample:
         return _json_sample(path)
     from agentrt.controller.episodes import EpisodeLog
 
-    ep = EpisodeLog(run_dir).get(spec)
+    log = EpisodeLog(run_dir)
+    ep = log.get(spec)
     if ep is None:
+        first = next(iter(log), None)
+        shown = f"e.g. {first.id}" if first is not None else "it holds none yet"
         raise ConfigError(f"{run_dir} has no episode {spec!r}; give an episode id of its "
-                          "episodes.sqlite (s<step>-<index>) or a JSON file")
+                          f"episodes.sqlite ({shown}) or a JSON file")
     return Sample(source=ep.id, prompt=ep.prompt, response=ep.response, reward=ep.reward,
                   info=ep.info, step=ep.step, policy_version=ep.policy_version,
                   prompt_ids=ep.prompt_ids, response_ids=ep.response_ids, logprobs=ep.logprobs,
