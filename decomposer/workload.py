@@ -65,7 +65,7 @@ class DecomposeWorkload(Workload):
         self.planner = cfg.planner.policy if cfg.planner.kind == "lm" else None
         probe = ChainEnv(**self.env_kwargs("train"))
         self.seats = len(probe.possible_agents)
-        self.runner = RunnerConfig(concurrency=cfg.train.tasks_per_step * cfg.train.group_size,
+        self.runner = RunnerConfig(concurrency=self.episodes_per_step(cfg),
                                    random_seats=False, invalid_penalty=0.0,
                                    max_turns=self.seats + 1, seed=cfg.seed,
                                    policy_errors="record")
@@ -88,9 +88,9 @@ class DecomposeWorkload(Workload):
     def start(self, ctl: Controller) -> None:
         self.run_dir = ctl.run_dir
         self.chains_path = ctl.run_dir.path / "chains.jsonl"
-        self._make_policies(ctl)
+        self.make_players(ctl)
 
-    def _make_policies(self, ctl: Controller) -> None:
+    def make_players(self, ctl: Controller) -> None:
         sampling = {p.id: p.rollout.sampling for p in self.cfg.policies}
         handles = {p.id: ctl.handle(p.id) for p in self.cfg.policies}
         self.chain_players: dict[str, Any] = {pid: LMPolicy(h, CHAIN_TEMPLATE)
@@ -100,13 +100,8 @@ class DecomposeWorkload(Workload):
                           sampling=greedy(sampling[pid]) if self.cfg.eval.greedy else None)
             for pid, h in handles.items()} | self.tools
 
-    def reconfigure(self, ctl: Controller, cfg: DecomposeConfig) -> None:
-        """Live values (:meth:`Workload.reconfigure`), then the batch and the players made
-        from the old ones."""
-        super().reconfigure(ctl, cfg)
-        self.runner = self.runner.model_copy(
-            update={"concurrency": cfg.train.tasks_per_step * cfg.train.group_size})
-        self._make_policies(ctl)
+    def episodes_per_step(self, cfg: DecomposeConfig) -> int:
+        return cfg.train.tasks_per_step * cfg.train.group_size
 
     def warm_start(self, ctl: Controller) -> dict[str, float]:
         """SFT of every trainable LM policy on reference rows of the training tasks it would

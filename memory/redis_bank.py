@@ -43,26 +43,20 @@ log = logging.getLogger(__name__)
 # Errors that mean "Redis is not there right now" (as opposed to a bad request).
 DOWN_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OSError)
 
-_PUT = """
+# One script per journaled write: the hash changes and its log entry are one atomic step, and
+# only what really changed is logged. ``{step}`` is the loop's stride over ARGV.
+_JOURNALED = """
 local n = 0
-for i = 1, #ARGV, 2 do
-  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
-    redis.call('XADD', KEYS[2], '*', 'op', 'put', 'id', ARGV[i])
+for i = 1, #ARGV, {step} do
+  if redis.call({call}) == 1 then
+    redis.call('XADD', KEYS[2], '*', 'op', '{op}', 'id', ARGV[i])
     n = n + 1
   end
 end
 return n
 """
-_DEL = """
-local n = 0
-for i = 1, #ARGV do
-  if redis.call('HDEL', KEYS[1], ARGV[i]) == 1 then
-    redis.call('XADD', KEYS[2], '*', 'op', 'del', 'id', ARGV[i])
-    n = n + 1
-  end
-end
-return n
-"""
+_PUT = _JOURNALED.format(step=2, call="'HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]", op="put")
+_DEL = _JOURNALED.format(step=1, call="'HDEL', KEYS[1], ARGV[i]", op="del")
 _TRIM = """
 local t = redis.call('TIME')
 local cutoff = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[1])

@@ -85,16 +85,21 @@ def build_model(out_dir: str | Path, preset: str = "llama-tiny", seed: int = 0,
     return out
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32
-               ) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
-    """Loads any local Hugging Face causal-LM folder. Raises ModelLoadError with one clear line."""
-    folder = Path(path)
+def check_model_folder(folder: Path) -> None:
+    """A local Hugging Face model folder: it exists and has a config.json (ModelLoadError)."""
     if not folder.is_dir():
         raise ModelLoadError(f"model folder {str(folder)!r} does not exist; set policy.model.path "
                              "to a local Hugging Face folder or use policy.model.preset")
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"model folder {str(folder)!r} has no config.json; it is not a "
                              "Hugging Face model folder")
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32
+               ) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+    """Loads any local Hugging Face causal-LM folder. Raises ModelLoadError with one clear line."""
+    folder = Path(path)
+    check_model_folder(folder)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)

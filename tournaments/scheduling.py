@@ -326,7 +326,10 @@ class Scheduler(ABC):
         return (lambda pid: every) if env is None else (lambda pid: self._allowed[(pid, env)])
 
     def _require_fillable(self, fmt: str) -> None:
-        """Every env's seats can be filled by distinct entrants (rating formats)."""
+        """Every env's seats can be filled by distinct entrants (rating formats), and a game of
+        two or more seats has two entrants at least."""
+        if len(self.entrants) < 2 and max(map(len, self.seat_names.values())) > 1:
+            raise TournamentError(f"{fmt} needs at least two entrants")
         for env, agents in self.seat_names.items():
             takers = [[i for i, e in enumerate(self.entrants) if e.may_play(a)] for a in agents]
             if seat_assignment(takers, len(self.entrants)) is not None:
@@ -354,7 +357,20 @@ class Scheduler(ABC):
 MAX_ROUND_GROUPS = 20000  # above this many groups per round, round robin rotates instead
 
 
-class RoundRobin(Scheduler):
+class RatedFormat(Scheduler):
+    """A rating format: rounds of groups that fill every seat with distinct entrants."""
+
+    def __init__(self, entrants: Sequence[Entrant], envs: Sequence[str], seed: int = 0,
+                 rounds: int | None = None, games_per_pairing: int = 2,
+                 seats: Mapping[str, Sequence[str]] | None = None) -> None:
+        super().__init__(entrants, envs, seed, seats)
+        self._require_fillable(self.name.replace("_", " "))
+        self.rounds = rounds
+        self.games_per_pairing = games_per_pairing
+        self._queue: list[tuple[tuple[str, ...], str | None]] = []
+
+
+class RoundRobin(RatedFormat):
     """Every group of entrants plays ``games_per_pairing`` games per round, rounds shuffled.
 
     Groups have one entrant per seat. With interchangeable envs (same seat count N, no roles)
@@ -373,17 +389,6 @@ class RoundRobin(Scheduler):
     """
 
     name = "round_robin"
-
-    def __init__(self, entrants: Sequence[Entrant], envs: Sequence[str], seed: int = 0,
-                 rounds: int | None = None, games_per_pairing: int = 2,
-                 seats: Mapping[str, Sequence[str]] | None = None) -> None:
-        super().__init__(entrants, envs, seed, seats)
-        if len(entrants) < 2 and max(map(len, self.seat_names.values())) > 1:
-            raise TournamentError("round robin needs at least two entrants")
-        self._require_fillable("round robin")
-        self.rounds = rounds
-        self.games_per_pairing = games_per_pairing
-        self._queue: list[tuple[tuple[str, ...], str | None]] = []
 
     @property
     def done(self) -> bool:

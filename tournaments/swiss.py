@@ -25,14 +25,14 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, Sequence
 
-from agentrt.tournaments.scheduling import Group, Scheduler, load_queue
+from agentrt.tournaments.scheduling import Group, RatedFormat, load_queue
 from agentrt.tournaments.seating import feasible_groups
-from agentrt.tournaments.types import Entrant, Match, MatchResult, TournamentError
+from agentrt.tournaments.types import Entrant, Match, MatchResult
 
 _SEARCH_LIMIT = 20000  # DFS nodes before falling back to greedy grouping with rematches
 
 
-class Swiss(Scheduler):
+class Swiss(RatedFormat):
     """Swiss-system tournament.
 
     Args:
@@ -46,16 +46,12 @@ class Swiss(Scheduler):
     def __init__(self, entrants: Sequence[Entrant], envs: Sequence[str], seed: int = 0,
                  rounds: int | None = None, games_per_pairing: int = 2,
                  seats: Mapping[str, Sequence[str]] | None = None) -> None:
-        super().__init__(entrants, envs, seed, seats)
-        if len(entrants) < 2 and max(map(len, self.seat_names.values())) > 1:
-            raise TournamentError("swiss needs at least two entrants")
-        self._require_fillable("swiss")
-        self.rounds = rounds if rounds is not None else max(1, math.ceil(math.log2(len(entrants))))
-        self.games_per_pairing = games_per_pairing
+        super().__init__(entrants, envs, seed, rounds, games_per_pairing, seats)
+        if rounds is None:
+            self.rounds = max(1, math.ceil(math.log2(len(entrants))))
         self.scores: dict[str, float] = {e.policy_id: 0.0 for e in entrants}
         self.met: dict[str, int] = {}  # "a|b|.." (sorted) -> times this exact group met
         self.byes: list[str] = []
-        self._queue: list[tuple[tuple[str, ...], str | None]] = []
         self._pending: dict[str, Match] = {}
 
     @property

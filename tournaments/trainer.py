@@ -124,11 +124,10 @@ class LeagueWorkload(Workload):
         self.tournament = Tournament(ctl.run_dir.path, cfg.schedule, cfg.entrants(),
                                      [e.id for e in cfg.envs], seed=cfg.seed, seats=self.seats)
 
-    def reconfigure(self, ctl: Controller, cfg: TournamentRunConfig) -> None:
-        """Live values (:meth:`Workload.reconfigure`); each policy's player is made again from
-        its new config, with its memory (frozen opponents keep theirs)."""
-        super().reconfigure(ctl, cfg)
-        self.policy_cfgs = {p.id: p for p in cfg.policies}
+    def make_players(self, ctl: Controller) -> None:
+        """After a live change: each policy's player made again from its new config, with its
+        memory (frozen opponents keep theirs)."""
+        self.policy_cfgs = {p.id: p for p in self.cfg.policies}
         self.lm = {pid: LMPolicy(ctl.handle(pid), self.templates, memory=lm.memory)
                    for pid, lm in self.lm.items()}
 

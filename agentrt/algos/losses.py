@@ -19,13 +19,8 @@ def _masked_mean_item(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float(((x * mask).sum() / mask.sum().clamp_min(1.0)).item())
 
 
-def ppo_clip(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    cfg: Any,
-) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_clip(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+             mask: torch.Tensor, cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7) with optional dual clip.
 
     L = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)); with ``cfg.clip_ratio_c`` (> 1) the loss
@@ -49,13 +44,8 @@ def ppo_clip(
     return clipped * mask, metrics
 
 
-def vanilla_pg(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    cfg: Any,
-) -> tuple[torch.Tensor, dict[str, float]]:
+def vanilla_pg(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+               mask: torch.Tensor, cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """REINFORCE: -A * log pi(a|s). Its gradient equals PPO's when the ratio is exactly 1."""
     del old_logprobs, cfg
     return -advantages * logprobs * mask, {}

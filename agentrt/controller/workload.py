@@ -82,13 +82,26 @@ class Workload:
     def reconfigure(self, ctl: Any, cfg: RunConfig) -> None:
         """Live values: ``cfg`` differs from the run's config in :meth:`live_fields` only. A
         changed policy goes to its pool (sampling, learning rate); the next step reads the rest.
-        Subclasses rebuild what they made from the old values, after this."""
+        Then the batch size and the players follow the new values."""
         before = dict(self.policy_sections())
         self.cfg = cfg
         for key, policy in self.policy_sections():
             if policy != before[key]:
                 ctl.reconfigure(policy)
         self.eval_every, self.checkpoint_every = cfg.eval.every, cfg.checkpoint.every
+        per_step = self.episodes_per_step(cfg)
+        if per_step is not None:
+            self.runner = self.runner.model_copy(update={"concurrency": per_step})
+        self.make_players(ctl)
+
+    def episodes_per_step(self, cfg: Any) -> int | None:
+        """Episodes a step plays at once (the runner's concurrency) under ``cfg``; None: the
+        runner config's own."""
+        return None
+
+    def make_players(self, ctl: Any) -> None:
+        """Rebuilds the players from the config's policies after a live change
+        (:meth:`reconfigure`); a workload may build them with it at start too."""
 
     # ------------------------------------------------------------------ required
     def next_episodes(self, step: int) -> list[EpisodeSpec]:

@@ -66,6 +66,8 @@ class Learner:
             shared.add_policy(cfg, seed)
         self.shared = shared
         self.tokenizer, self.is_lora, self.device = shared.tokenizer, shared.is_lora, shared.device
+        tok = self.tokenizer
+        self.pad_id, self.eos_id = int(tok.pad_token_id), int(tok.eos_token_id)
         self.reference = Reference(shared, cfg.id, self.algo)
         torch.manual_seed(seed)
         self.critic = ValueModel(self._base_lm()).to(self.device) if self.algo.critic else None
@@ -96,14 +98,6 @@ class Learner:
     @property
     def model_path(self) -> Path:
         return self.shared.path
-
-    @property
-    def pad_id(self) -> int:
-        return int(self.tokenizer.pad_token_id)
-
-    @property
-    def eos_id(self) -> int:
-        return int(self.tokenizer.eos_token_id)
 
     @property
     def kl_coef(self) -> float:

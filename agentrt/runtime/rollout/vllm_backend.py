@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from agentrt.config.rollout import SamplingConfig, VLLMConfig
-from agentrt.core.errors import AgentrtError
+from agentrt.core.errors import AgentrtError, ModelLoadError
+from agentrt.policies.models import check_model_folder
 from agentrt.runtime.rollout.adapters import Adapter, AdapterRegistry
 from agentrt.runtime.rollout.hf import Completion
 
@@ -45,12 +46,10 @@ class RolloutStartError(AgentrtError):
 
 
 def _check_model_folder(path: Path) -> None:
-    if not path.is_dir():
-        raise RolloutStartError(f"vLLM engine cannot start: model folder {str(path)!r} does not "
-                                "exist; set policy.model.path to a local Hugging Face folder")
-    if not (path / "config.json").is_file():
-        raise RolloutStartError(f"vLLM engine cannot start: model folder {str(path)!r} has no "
-                                "config.json, so it is not a Hugging Face model folder")
+    try:
+        check_model_folder(path)
+    except ModelLoadError as exc:
+        raise RolloutStartError(f"vLLM engine cannot start: {exc}") from None
 
 
 def explain_start_failure(exc: BaseException, path: Path, cfg: VLLMConfig) -> str:

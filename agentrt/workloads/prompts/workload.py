@@ -89,7 +89,7 @@ class PromptWorkload(Workload):
         self.pid = cfg.policy.id
         self.algo = cfg.policy.algorithm
         self.preference_pairs = cfg.data.pairs
-        self.runner = RunnerConfig(concurrency=cfg.train.prompts_per_step * cfg.train.group_size,
+        self.runner = RunnerConfig(concurrency=self.episodes_per_step(cfg),
                                    random_seats=False, invalid_penalty=0.0, max_turns=1,
                                    seed=cfg.seed)
         self.offline = self.algo.is_preference and not self.algo.online
@@ -131,7 +131,7 @@ class PromptWorkload(Workload):
         self.rewards = build_executor(  # keys of a shared reward service: this run and policy
             sources_of(self.cfg.reward), str(resolve_device(self.cfg.policy.model.device)),
             namespace=f"{ctl.run_dir.path.resolve()}#{self.pid}")
-        self._make_policies(ctl)
+        self.make_players(ctl)
         if self.cfg.data.path is not None:
             from agentrt.algos import PREFERENCE_LOSSES
             from agentrt.workloads.prompts.preference_data import load_preference_data
@@ -142,20 +142,15 @@ class PromptWorkload(Workload):
                 self.cfg.data, self.tokenizer, unpaired, {ex.prompt for ex in self.eval_set})
             self.rows = PromptSampler(self.pref_train, self.cfg.seed)
 
-    def _make_policies(self, ctl: Controller) -> None:
+    def make_players(self, ctl: Controller) -> None:
         handle = ctl.handle(self.pid)
         sampling = self.cfg.policy.rollout.sampling
         self.policy = LMPolicy(handle, TASK_TEMPLATE)
         self.eval_policy = LMPolicy(handle, TASK_TEMPLATE, trainable=True,
                                     sampling=greedy(sampling) if self.cfg.eval.greedy else None)
 
-    def reconfigure(self, ctl: Controller, cfg: TrainConfig) -> None:
-        """Live values (:meth:`Workload.reconfigure`), then the batch and the policies made
-        from the old ones."""
-        super().reconfigure(ctl, cfg)
-        self.runner = self.runner.model_copy(
-            update={"concurrency": cfg.train.prompts_per_step * cfg.train.group_size})
-        self._make_policies(ctl)
+    def episodes_per_step(self, cfg: TrainConfig) -> int:
+        return cfg.train.prompts_per_step * cfg.train.group_size
 
     def inject(self, prompts: list[dict[str, Any]]) -> None:
         """Prompts (``{prompt, answer, info}``) the next steps draw before their source's."""
