@@ -44,8 +44,9 @@ class ControlConfig(ConfigModel):
         False, description="Hold before the first step until `agentrt ctl RUN_DIR resume` (set "
         "values or a later pause first).")
     step_interval_s: float = Field(
-        0.0, ge=0.0, description="Rollout frequency: at least this many seconds from the start "
-        "of one step to the start of the next (the loop waits at the boundary); 0: no wait.")
+        0.0, ge=0.0, description="Rollout frequency: at least this many seconds from the "
+        "start of one step to the start of the next (the loop waits at the boundary); 0: no "
+        "wait.")
 
     @model_validator(mode="after")
     def _a_channel(self) -> ControlConfig:

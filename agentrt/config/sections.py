@@ -202,12 +202,13 @@ class RuntimeConfig(Section):
         "local", description="'local': one engine in this process; 'ray': a pool of Ray actors.")
     address: str | None = Field(
         None, description="Ray cluster to join ('auto', 'ray://head:10001'); None starts Ray here.")
-    num_cpus: int | None = Field(None, gt=0, description="CPUs of a locally started Ray.")
     collective_timeout_s: float = Field(
         300.0, gt=0.0, description="Timeout of one gradient all-reduce between workers.")
+    num_cpus: int | None = Field(None, gt=0, description="CPUs of a locally started Ray.")
     keep_freed_memory: bool = Field(
         True, description="Keep memory freed between steps in the process instead of returning "
-        "it to the OS (glibc malloc settings, agentrt/runtime/allocator.py): a step's large tensors are "
-        "then not page-faulted in again every step; the process keeps its peak memory.")
+        "it to the OS (glibc malloc settings, agentrt/runtime/allocator.py): a step's large "
+        "tensors are then not page-faulted in again every step; the process keeps its peak "
+        "memory.")
 
 

@@ -216,12 +216,12 @@ class Decision:
         rule: Which rule fired, in words.
     """
 
-    decision: Action
-    look: int
-    looks: int
     samples: dict[str, int]
     mean: dict[str, float]
     var: dict[str, float]
+    decision: Action
+    look: int
+    looks: int
     difference: float
     margin: float
     statistic: float
@@ -298,10 +298,12 @@ class SequentialTest:
         else:
             action = "continue"
             rule = f"{down:.3f} < Z {z:.3f} < {up:.3f} at look {k + 1}: collect more"
-        return Decision(action, k + 1, t.looks, {"candidate": c.n, "incumbent": i.n},
-                        {"candidate": c.mean, "incumbent": i.mean},
-                        {"candidate": c.var, "incumbent": i.var}, diff, t.margin, z, up, down,
-                        self.p_value(k, z), t.alpha, rule)
+        return Decision(samples={"candidate": c.n, "incumbent": i.n},
+                        mean={"candidate": c.mean, "incumbent": i.mean},
+                        var={"candidate": c.var, "incumbent": i.var}, decision=action,
+                        look=k + 1, looks=t.looks, difference=diff, margin=t.margin,
+                        statistic=z, promote_at=up, rollback_at=down,
+                        p_value=self.p_value(k, z), alpha=t.alpha, rule=rule)
 
     def p_value(self, k: int, z: float) -> float:
         """Stagewise-ordering p-value of Z = ``z`` at look ``k`` (0-based)."""
