@@ -1,4 +1,4 @@
-"""Small local models: a Llama-architecture causal LM and a byte-level tokenizer, built in code.
+"""Small local models: a causal LM of any architecture of :data:`~agentrt.policies.presets.ARCHITECTURES` and a byte-level tokenizer, built in code.
 
 Nothing can be downloaded here, so tests, examples and benchmarks build their model with
 :func:`build_model` and save it in Hugging Face format; transformers (and vLLM) then load the folder
@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
+    PretrainedConfig,
     PreTrainedTokenizerFast,
 )
 
@@ -51,18 +51,46 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
                                    **SPECIAL_TOKENS)
 
 
-def model_config(preset: str = "llama-tiny", vocab_size: int = 259, **overrides: Any) -> LlamaConfig:
-    """LlamaConfig of a preset (see :data:`PRESETS`), with any field overridden."""
+def _arch_fields(arch: str, widths: dict[str, int]) -> dict[str, Any]:
+    """The config fields of ``arch`` at ``widths``: each family's own names, dropout off, the
+    rotary/window/softcap settings its released checkpoints use (short rollouts stay inside
+    every sliding window)."""
+    heads, head_dim = widths["num_attention_heads"], widths["hidden_size"] // widths["num_attention_heads"]
+    if arch == "gpt2":
+        return dict(n_embd=widths["hidden_size"], n_inner=widths["intermediate_size"],
+                    n_layer=widths["num_hidden_layers"], n_head=heads, n_positions=2048,
+                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    fields: dict[str, Any] = dict(widths, max_position_embeddings=2048)
+    if arch == "gpt_neox":
+        fields.pop("num_key_value_heads")
+        return dict(fields, rotary_pct=0.25, use_parallel_residual=True, attention_dropout=0.0,
+                    hidden_dropout=0.0, layer_norm_eps=1e-5)
+    fields.update(rms_norm_eps=1e-6, rope_theta=10000.0)
+    if arch in ("qwen3", "gemma2", "gemma3", "mistral"):
+        fields["head_dim"] = head_dim
+    if arch == "llama":
+        fields.update(attention_bias=False)
+    if arch == "qwen2":
+        fields.update(use_sliding_window=False)
+    if arch in ("gemma2", "gemma3"):
+        fields.update(query_pre_attn_scalar=head_dim, sliding_window=512,
+                      hidden_activation="gelu_pytorch_tanh")
+    if arch == "gemma2":
+        fields.update(attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+    return fields
+
+
+def model_config(preset: str = "llama-tiny", vocab_size: int = 259, **overrides: Any
+                 ) -> PretrainedConfig:
+    """The transformers config of a preset (see :data:`PRESETS`: ``<architecture>-<size>``),
+    with any field overridden."""
     if preset not in PRESETS:
         raise ModelLoadError(f"unknown model preset {preset!r}; valid: {', '.join(PRESETS)}")
-    fields: dict[str, Any] = dict(
-        vocab_size=vocab_size, max_position_embeddings=2048, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, rope_theta=10000.0, attention_bias=False,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    )
-    fields.update(PRESETS[preset])
+    arch, widths = PRESETS[preset]
+    fields = dict(vocab_size=vocab_size, tie_word_embeddings=True, pad_token_id=0,
+                  bos_token_id=1, eos_token_id=2, **_arch_fields(arch, widths))
     fields.update(overrides)
-    return LlamaConfig(**fields)
+    return AutoConfig.for_model("gemma3_text" if arch == "gemma3" else arch, **fields)
 
 
 def build_model(out_dir: str | Path, preset: str = "llama-tiny", seed: int = 0,
@@ -71,13 +99,13 @@ def build_model(out_dir: str | Path, preset: str = "llama-tiny", seed: int = 0,
 
     Returns:
         The folder, loadable with ``AutoModelForCausalLM.from_pretrained`` and
-        ``AutoTokenizer.from_pretrained``.
+        ``AutoTokenizer.from_pretrained`` like a downloaded checkpoint.
     """
     out = Path(out_dir)
     tokenizer = build_tokenizer()
     cfg = model_config(preset, vocab_size=len(tokenizer), **overrides)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
+    model = AutoModelForCausalLM.from_config(cfg)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
