@@ -248,6 +248,10 @@ def serve_command(
     token: Optional[str] = typer.Option(None, help="Bearer token requests must send (default: "
                                                    "$AGENTRT_SERVE_TOKEN); admin routes need it."),
     backend: str = typer.Option("hf", help="Rollout backend: hf or vllm."),
+    device: Optional[str] = typer.Option(None, help="Where the hf backend runs: auto (CUDA "
+                                                    "when a GPU is visible), cpu or cuda "
+                                                    "(default: a run folder's model.device, "
+                                                    "else auto)."),
     max_batch: int = typer.Option(32, help="Most requests in one generate call."),
     max_tokens: int = typer.Option(64, help="max_tokens of a request that sets none."),
     canary_share: Optional[float] = typer.Option(None, help="Canary: share of requests the "
@@ -270,7 +274,7 @@ def serve_command(
     canary = {"share": canary_share, "alpha": canary_alpha, "power": canary_power,
               "margin": canary_margin}
     serve(target, adapter or (), base, name, host, port, token, backend, max_batch, max_tokens,
-          canary, canary_log, threads)
+          canary, canary_log, threads, device)
 
 
 policies_app = typer.Typer(no_args_is_help=True,

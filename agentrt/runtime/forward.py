@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from agentrt.config.sections import PolicyConfig
+from agentrt.core.device import autocast_for
 from agentrt.core.types import TrainBatch
 from agentrt.runtime.packing import (Forward, Layout, check_packing, layout, plan_micro_batches,
                                      trained_prefix)
@@ -53,18 +54,18 @@ class ForwardPasses:
     @contextlib.contextmanager
     def training(self, dropout: bool) -> Iterator[None]:
         """The model in training mode (dropout on) inside the block only where ``dropout``
-        (``algorithm.train_dropout``; SFT always); in eval mode after it."""
+        (``algorithm.train_dropout``; SFT always); in eval mode after it. A colocated vLLM
+        engine sleeps inside the block (``rollout.vllm.sleep``) and wakes before the sync."""
         if dropout:
             self.shared.model.train()
         try:
-            yield
+            with self.shared.rollout_asleep():
+                yield
         finally:
             self.shared.model.eval()
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.shared.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.shared.autocast_dtype)
+        return autocast_for(self.device, self.shared.autocast_dtype)
 
     def micro_batches(self, batch: Any) -> list[list[int]]:
         """Rows of each forward/backward micro-batch: ``micro_batch_size`` rows in batch order,

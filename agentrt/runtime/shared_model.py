@@ -33,21 +33,10 @@ from torch import nn
 from agentrt.runtime import attention
 from agentrt.config.rollout import SamplingConfig
 from agentrt.config.sections import PolicyConfig
-from agentrt.policies.models import build_model, load_model
+from agentrt.core.device import resolve_device
+from agentrt.policies.models import build_model, load_model, lora_targets
 from agentrt.runtime.rollout.hf import Completion, HFRollout
 from agentrt.runtime.rollout.static import grouped_unsupported
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` is CUDA when a GPU is visible, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        from agentrt.core.errors import ConfigError
-
-        raise ConfigError("model.device is 'cuda' but torch sees no GPU; set model.device: cpu "
-                          "or auto")
-    return torch.device(name)
 
 
 def model_folder(cfg: PolicyConfig, workdir: str | Path | None, seed: int) -> Path:
@@ -61,11 +50,15 @@ def model_folder(cfg: PolicyConfig, workdir: str | Path | None, seed: int) -> Pa
     return folder
 
 
-def peft_config(cfg: PolicyConfig) -> Any:
+def peft_config(cfg: PolicyConfig, model: nn.Module) -> Any:
+    """peft's LoRA config of policy ``cfg`` on ``model`` (its architecture's default targets
+    unless ``lora.target_modules`` names them; see :func:`agentrt.policies.models.lora_targets`)."""
     from peft import LoraConfig as PeftLoraConfig
 
+    targets, fan_in_fan_out = lora_targets(model, cfg.lora.target_modules)
     return PeftLoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                          target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
+                          target_modules=targets, fan_in_fan_out=fan_in_fan_out,
+                          task_type="CAUSAL_LM")
 
 
 @contextlib.contextmanager
@@ -104,7 +97,7 @@ class SharedModel:
         if self.is_lora:
             from peft import get_peft_model
 
-            model = get_peft_model(model, peft_config(cfg), adapter_name=cfg.id)
+            model = get_peft_model(model, peft_config(cfg, model), adapter_name=cfg.id)
         self.model = model.to(self.device).eval()  # dropout off unless a learner asks for it
         self.hf = HFRollout(self.model, self.tokenizer, cfg.rollout.sampling,
                             cfg.rollout.batch_size, self.autocast_dtype, cfg.rollout.decode,
@@ -122,7 +115,8 @@ class SharedModel:
             self.vllm = VLLMRollout(self.path, cfg.rollout.vllm,
                                     dtype="bfloat16" if cfg.model.dtype == "bf16" else "float32",
                                     lora_rank=cfg.lora.r if self.is_lora else None, seed=seed,
-                                    sampling=cfg.rollout.sampling)
+                                    sampling=cfg.rollout.sampling,
+                                    colocated=self.device.type == "cuda")
 
     # ------------------------------------------------------------------ names
     def names(self) -> list[str]:
@@ -136,7 +130,7 @@ class SharedModel:
         if cfg.id in self.names():
             raise ValueError(f"two policies named {cfg.id!r} on one base")
         torch.manual_seed(seed)
-        self.model.add_adapter(cfg.id, peft_config(cfg))
+        self.model.add_adapter(cfg.id, peft_config(cfg, self.model))
         self.adapters[cfg.id] = cfg
         self._active = None  # the new adapter's flags: set on its next activation
 
@@ -202,7 +196,7 @@ class SharedModel:
             raise ValueError(f"snapshot {name!r} exists; pick another tag")
         state = self.weights(source)
         if self.is_lora:
-            self.model.add_adapter(name, peft_config(self.adapters[source]))
+            self.model.add_adapter(name, peft_config(self.adapters[source], self.model))
             self.frozen_adapters[name] = source
             self.load_weights(name, state)
             self.activate(source, force=True)  # add_adapter leaves the new one trainable
@@ -237,7 +231,7 @@ class SharedModel:
         if name in self.vllm.adapters:
             self.vllm.update_adapter(name, state, version=version)
         else:
-            self.vllm.add_adapter(name, state, peft_config(cfg), version)
+            self.vllm.add_adapter(name, state, peft_config(cfg, self.model), version)
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ rollout
@@ -277,6 +271,18 @@ class SharedModel:
                                {n: self.frozen[n] for n in names if n in self.frozen})
         ends = list(itertools.accumulate(len(ps) for ps, _, _ in requests))
         return [out[end - len(ps):end] for end, (ps, _, _) in zip(ends, requests)]
+
+    @contextlib.contextmanager
+    def rollout_asleep(self) -> Iterator[None]:
+        """The vLLM engine asleep inside the block (``rollout.vllm.sleep``: level 1, its KV
+        cache dropped and its weights in host memory while an update runs), awake after it; a
+        no-op without an engine that sleeps (HF rollout, CPU, sleep off)."""
+        slept = self.vllm is not None and self.vllm.sleep()
+        try:
+            yield
+        finally:
+            if slept:
+                self.vllm.wake_up()
 
     def close(self) -> None:
         if self.vllm is not None:

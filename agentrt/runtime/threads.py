@@ -57,6 +57,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from agentrt.core.device import module_device
+
 log = logging.getLogger(__name__)
 
 _STATE = {"auto": True, "threads": 1}
@@ -176,7 +178,7 @@ def forward_probe(model: nn.Module, vocab: int, batch: int = 16, length: int = 3
     do; each forward one piece. Draws no global random numbers and leaves the model's
     train/eval mode as it was."""
     gen = torch.Generator().manual_seed(0)
-    device = next(model.parameters()).device
+    device = module_device(model)
     prefill = torch.randint(0, vocab, (batch, length), generator=gen).to(device)
     decode = torch.randint(0, vocab, (2 * batch, 1), generator=gen).to(device)
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from agentrt.config.rollout import SamplingConfig, VLLMConfig
+from agentrt.core.device import resolve_device
 from agentrt.core.errors import AgentrtError
 from agentrt.runtime.rollout.hf import Completion, HFRollout
 from agentrt.serving.sources import ADAPTER_CONFIG, Source, source_of
@@ -50,10 +51,10 @@ class Module:
     """One model in memory (HF module or vLLM engine) and the adapters loaded on it."""
 
     def __init__(self, path: Path, backend: str, max_batch: int, lora_rank: int | None,
-                 vllm: VLLMConfig | None) -> None:
+                 vllm: VLLMConfig | None, device: torch.device) -> None:
         from transformers import AutoTokenizer
 
-        self.path, self.backend, self.users = path, backend, 0
+        self.path, self.backend, self.users, self.device = path, backend, 0, device
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -66,8 +67,8 @@ class Module:
             return
         from agentrt.policies.models import load_model
 
-        self.model, _ = load_model(path)
-        self.model.eval()
+        model, _ = load_model(path)
+        self.model = model.to(device).eval()  # the rollout makes its inputs on this device
         self.max_len = int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.rollout = HFRollout(self.model, self.tokenizer, SamplingConfig(), max_batch)
 
@@ -89,6 +90,7 @@ class Module:
             self.model.eval()
             self.rollout = HFRollout(self.model, self.tokenizer, SamplingConfig(),
                                      self.rollout.batch_size)
+        self.model.to(self.device)  # the new adapter's tensors beside the base's
 
     def drop_adapter(self, key: str) -> None:
         if self.backend == "vllm":
@@ -163,11 +165,14 @@ class ModelHost:
         backend: "hf" (transformers generate) or "vllm".
         max_batch: Most prompts in one generate call.
         vllm: Engine settings of the vLLM backend.
+        device: Where the HF backend's models run: auto (CUDA when torch sees a GPU), cpu or
+            cuda (``--device``).
     """
 
     def __init__(self, sources: Sequence[Source], backend: str = "hf", max_batch: int = 32,
-                 vllm: VLLMConfig | None = None) -> None:
+                 vllm: VLLMConfig | None = None, device: str = "auto") -> None:
         self.backend, self.max_batch, self.vllm_cfg = backend, max_batch, vllm
+        self.device = resolve_device(device, "--device")
         self._lock = threading.Lock()
         self._bases: dict[Path, Module] = {}
         self._adapters = 0
@@ -195,7 +200,7 @@ class ModelHost:
         key = path.resolve()
         if key not in self._bases:
             self._bases[key] = Module(path, self.backend, self.max_batch, self._ranks.get(key),
-                                      self.vllm_cfg)
+                                      self.vllm_cfg, self.device)
         return self._bases[key]
 
     def _attach(self, staged: Staged, number: int) -> Version:
@@ -255,7 +260,8 @@ class ModelHost:
                                f"{now} (or serve {new} under another name)")
         if source.base is not None:
             return Staged(source, None)
-        return Staged(source, Module(path, self.backend, self.max_batch, None, self.vllm_cfg))
+        return Staged(source, Module(path, self.backend, self.max_batch, None, self.vllm_cfg,
+                                     self.device))
 
     def commit(self, staged: Staged) -> Version:
         """Makes staged weights the current version of their name (call on the batcher

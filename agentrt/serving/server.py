@@ -56,16 +56,18 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
           name: str | None = None, host: str = "127.0.0.1", port: int = 8000,
           token: str | None = None, backend: str = "hf", max_batch: int = 32,
           max_tokens: int = 64, canary: dict[str, Any] | None = None,
-          canary_log: Path = Path("canary.jsonl"), threads: int | None = None) -> None:
+          canary_log: Path = Path("canary.jsonl"), threads: int | None = None,
+          device: str | None = None) -> None:
     """Serves ``target``'s models until interrupted (see docs/serving.md); ``canary`` holds
     the settings a ``POST /admin/canary`` body leaves out (:func:`canary_defaults`);
     ``threads`` pins torch's threads, None tunes them once on the first model
-    (:mod:`agentrt.runtime.threads`).
+    (:mod:`agentrt.runtime.threads`); ``device`` (auto, cpu, cuda) places the HF backend's
+    models, None: a run folder's ``model.device``, else auto.
 
     Raises:
         AgentrtError: a bad target, option or port, before anything is loaded or bound.
     """
-    from agentrt.serving.sources import find_sources
+    from agentrt.serving.sources import find_sources, run_device
 
     if backend not in ("hf", "vllm"):
         raise AgentrtError(f"--backend takes hf or vllm, not {backend!r}")
@@ -73,6 +75,8 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
         raise AgentrtError("--max-batch and --max-tokens must be at least 1")
     if threads is not None and threads < 1:
         raise AgentrtError(f"--threads must be at least 1, not {threads}")
+    if device not in (None, "auto", "cpu", "cuda"):
+        raise AgentrtError(f"--device takes auto, cpu or cuda, not {device!r}")
     if not 0 <= port <= 65535:
         raise AgentrtError(f"--port {port} is not a TCP port (0-65535; 0: any free port)")
     canary = canary_defaults(**(canary or {}))
@@ -93,7 +97,7 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
     from agentrt.runtime.threads import ThreadTuner, forward_probe, set_threads, threads_auto
 
     set_threads(threads)
-    models = ModelHost(sources, backend, max_batch)
+    models = ModelHost(sources, backend, max_batch, device=device or run_device(target))
     batcher = Batcher(models, max_batch).start()  # its thread takes the count (apply_threads)
     model = models.probe_model()
     if threads_auto() and model is not None:  # timed on the thread that generates

@@ -120,3 +120,20 @@ def find_sources(target: Path, adapters: Sequence[str] = (), base: Path | None =
         raise AgentrtError(f"two served models are named {dup[0]!r}; rename one (--name, "
                            "--adapter NAME=PATH)")
     return sources
+
+
+def run_device(target: Path) -> str:
+    """Where a run folder's policies ran (``model.device`` of its first policy in
+    ``config.yaml``), so ``agentrt serve`` honours it; "auto" for a model or adapter folder."""
+    if not (target / "config.yaml").is_file() or is_model(target):
+        return "auto"
+    import yaml
+
+    cfg = yaml.safe_load((target / "config.yaml").read_text()) or {}
+    if not isinstance(cfg, dict):
+        return "auto"
+    for policy in [cfg.get("policy"), *(cfg.get("policies") or [])]:
+        model = policy.get("model") if isinstance(policy, dict) else None
+        if isinstance(model, dict) and model.get("device"):
+            return str(model["device"])
+    return "auto"

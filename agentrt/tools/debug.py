@@ -191,7 +191,7 @@ def reward_label(spec: Any) -> str:
 def reward_cause(cfg: Any, s: Sample, second: str | None = None, repeats: int = REPEATS
                  ) -> Cause:
     """Re-scores, logged reward, a second source."""
-    from agentrt.runtime.shared_model import resolve_device
+    from agentrt.core.device import resolve_device
 
     device = str(resolve_device(cfg.policy.model.device))
     label = reward_label(cfg.reward)
@@ -287,7 +287,7 @@ class _Policy:
 
             from agentrt.runtime.shared_model import peft_config
 
-            model = get_peft_model(model, peft_config(cfg), adapter_name=self.pid)
+            model = get_peft_model(model, peft_config(cfg, model), adapter_name=self.pid)
         self.model = model.eval()
 
     def weights(self, weights: dict[str, Any] | None) -> Any:
@@ -322,7 +322,9 @@ class _Policy:
         from agentrt.runtime.steps import shift_logprobs
 
         temp = self.cfg.rollout.sampling.temperature or 1.0
-        ids = torch.tensor([prompt + response])
+        from agentrt.core.device import module_device
+
+        ids = torch.tensor([prompt + response], device=module_device(self.model))
         with torch.no_grad():
             logits = self.model(input_ids=ids).logits.float() / temp
         return shift_logprobs(logits, ids)[0, len(prompt):].tolist()

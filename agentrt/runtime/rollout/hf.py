@@ -10,7 +10,6 @@ sampled tokens follow the same distribution from another random stream (docs/rol
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 
 from agentrt.config.rollout import SamplingConfig
+from agentrt.core.device import autocast_for, module_device
 from agentrt.runtime.rollout.static import StaticDecoder, unsupported_reason
 
 DECODE_MODES = ("auto", "hf", "static")
@@ -111,8 +111,11 @@ class HFRollout:
             raise ValueError("every prompt needs at least one token (e.g. bos)")
         width = max(len(p) for p in prompts)
         # left padding (generation continues at the right edge), one tensor from one list
-        ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        device = module_device(self.model)  # the module's device, never an assumed CPU
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts],
+                           device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                            device=device)
         if self.decoder is not None:
             new, logps = self.decoder.generate(ids, mask, s, streamer, adapters, frozen)
             return [self._trim(n, lp) for n, lp in zip(new.tolist(), logps.tolist())]
@@ -128,9 +131,7 @@ class HFRollout:
             gen_kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
         from transformers import GenerationConfig
 
-        autocast = (torch.autocast("cpu", dtype=self.autocast_dtype) if self.autocast_dtype
-                    else contextlib.nullcontext())
-        with autocast:
+        with autocast_for(device, self.autocast_dtype):
             res = self.model.generate(input_ids=ids, attention_mask=mask, streamer=streamer,
                                       generation_config=GenerationConfig(**gen_kwargs),
                                       **({} if adapters is None else {"adapter_names": adapters}))

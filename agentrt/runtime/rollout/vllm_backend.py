@@ -127,6 +127,8 @@ class VLLMRollout:
         lora_rank: Largest LoRA rank to serve; None serves no adapters.
         seed: Engine seed (requests with their own seed do not depend on it).
         sampling: Default sampling of ``generate``.
+        colocated: The engine shares its device with a trainer (the hybrid engine), so
+            ``cfg.sleep: auto`` turns sleep mode on where the platform has it (GPU).
 
     Raises:
         RolloutStartError: vLLM is missing, the folder is not a model, or the engine failed to
@@ -135,7 +137,7 @@ class VLLMRollout:
 
     def __init__(self, model_path: str | Path, cfg: VLLMConfig | None = None, *,
                  dtype: str = "float32", lora_rank: int | None = None, seed: int = 0,
-                 sampling: SamplingConfig | None = None) -> None:
+                 sampling: SamplingConfig | None = None, colocated: bool = False) -> None:
         self.cfg = cfg or VLLMConfig()
         self.sampling = sampling or SamplingConfig()
         self.model_path = Path(model_path)
@@ -151,6 +153,10 @@ class VLLMRollout:
         except ImportError as exc:
             raise RolloutStartError(f"rollout.backend 'vllm' needs the vllm package ({exc}); "
                                     f"{INSTALL_HINT}") from None
+        from vllm.platforms import current_platform
+
+        self.sleep_supported = sleep_mode(self.cfg.sleep, colocated,
+                                          current_platform.is_sleep_mode_available())
         self.llm = self._start(dtype, lora_rank, seed)
         self._finalizer = weakref.finalize(self, _release_engine, _adopt_engine(self.llm))
         self.lora_enabled = lora_rank is not None
@@ -158,16 +164,12 @@ class VLLMRollout:
                                         self._load_adapter, self._unload_adapter)
         # Adapter folders go with the engine, also when it is never closed (runs at exit too).
         self._remove_store = weakref.finalize(self, shutil.rmtree, self.adapters.root, True)
-        from vllm.platforms import current_platform
-
         self.is_cpu = current_platform.is_cpu()
-        self.sleep_supported = bool(self.cfg.sleep and current_platform.is_sleep_mode_available())
         eos = self.llm.get_tokenizer().eos_token_id
         self.eos_id = int(eos) if eos is not None else None
 
     def _start(self, dtype: str, lora_rank: int | None, seed: int) -> Any:
         from vllm import LLM
-        from vllm.platforms import current_platform
 
         cfg = self.cfg
         kwargs: dict[str, Any] = dict(
@@ -175,7 +177,7 @@ class VLLMRollout:
             max_num_seqs=cfg.max_num_seqs, enable_prefix_caching=cfg.enable_prefix_caching,
             enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs",
             gpu_memory_utilization=cfg.gpu_memory_utilization,
-            enable_sleep_mode=bool(cfg.sleep and current_platform.is_sleep_mode_available()),
+            enable_sleep_mode=self.sleep_supported,
         )
         if cfg.kv_cache_gib is not None:
             # Takes precedence over VLLM_CPU_KVCACHE_SPACE (CPU) and gpu_memory_utilization (GPU),
@@ -406,6 +408,16 @@ def _release_engine(client: Any) -> None:
             with contextlib.suppress(Exception):
                 part.shutdown()
     gc.unfreeze()  # vLLM froze its start-up objects; let the collector free this engine
+
+
+def sleep_mode(setting: bool | str, colocated: bool, available: bool) -> bool:
+    """Whether the engine starts with sleep mode (``rollout.vllm.sleep``): ``auto`` where it
+    shares a device with training and the platform has sleep mode (vLLM: CUDA, ROCm, XPU; not
+    CPU); ``true`` where the platform has none is a RolloutStartError naming the field."""
+    if setting is True and not available:
+        raise RolloutStartError("rollout.vllm.sleep is true but vLLM has no sleep mode on this "
+                                "platform (CPU); set rollout.vllm.sleep: auto or false")
+    return available and (setting is True or (setting == "auto" and colocated))
 
 
 def _lora_rank_bucket(rank: int) -> int:

@@ -107,8 +107,9 @@ class TrainConfig(RunConfig):
                    "runtime.backend: local")
         elif p.rollout.backend != "hf":
             why = "it generates on a copy of the module: set policy.rollout.backend: hf"
-        elif p.model.device == "cuda":
-            why = "it is built and tested on CPU only: set policy.model.device: cpu"
+        elif p.model.device_type() == "cuda":  # auto too, where it resolves to a GPU
+            why = (f"it is built and tested on CPU only (policy.model.device {p.model.device} "
+                   "runs on CUDA here): set policy.model.device: cpu")
         elif p.algorithm.old_logprobs == "recompute":
             why = ("the PPO ratio of a stale sample needs its rollout (behaviour) log-probs: set "
                    "policy.algorithm.old_logprobs: auto")

@@ -28,7 +28,7 @@ from agentrt.rewards.deferred import score_trajectories, trainable
 from agentrt.rewards.executors import build_executor
 from agentrt.rewards.sources import check_reward, sources_of
 from agentrt.runner.core import EpisodeSpec, RunnerConfig, RunResult
-from agentrt.runtime.shared_model import resolve_device
+from agentrt.core.device import resolve_device
 from agentrt.workloads.prompts.config import TrainConfig
 from agentrt.workloads.prompts.data import open_source
 from agentrt.workloads.prompts.data.sources import PromptSampler
