@@ -10,6 +10,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 
 
+def _devices() -> list[str]:
+    import torch
+
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=_devices())
+def device(request: pytest.FixtureRequest) -> str:
+    """"cpu" always, and "cuda" too where torch sees a GPU: a test that takes it runs once per
+    device, so the same suite checks a GPU machine (the one device rule, agentrt.core.device)."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
     """A llama-tiny model + byte tokenizer in HF format, built once per session."""
