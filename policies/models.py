@@ -123,6 +123,33 @@ def check_model_folder(folder: Path) -> None:
                              "Hugging Face model folder")
 
 
+def lora_targets(model: torch.nn.Module, names: tuple[str, ...] | None = None
+                 ) -> tuple[list[str], bool]:
+    """The module names a LoRA adapter of ``model`` adapts, and whether they are GPT-2 style
+    ``Conv1D`` layers (weights stored in x out: peft's ``fan_in_fan_out``).
+
+    ``names`` given (``lora.target_modules``) wins; None: every linear layer of the transformer
+    blocks, the output head excluded (what peft calls ``all-linear``), so the default fits any
+    architecture: Llama/Qwen/Gemma/Mistral's q/k/v/o_proj and gate/up/down_proj, Phi-3's
+    qkv_proj, o_proj, gate_up_proj, down_proj, GPT-2's c_attn, c_proj, c_fc, NeoX's
+    query_key_value, dense, dense_h_to_4h, dense_4h_to_h. ``model`` may already carry adapters.
+    """
+    from transformers.pytorch_utils import Conv1D
+
+    head = model.get_output_embeddings()
+    found: dict[str, bool] = {}  # leaf name -> is Conv1D
+    for name, module in model.named_modules():
+        parts = name.split(".")
+        if any(p.startswith("lora_") for p in parts) or module is head or \
+                not isinstance(module, (torch.nn.Linear, Conv1D)):
+            continue
+        leaf = parts[-2] if parts[-1] == "base_layer" else parts[-1]  # peft wraps the layer
+        if leaf != "lm_head":
+            found[leaf] = found.get(leaf, False) or isinstance(module, Conv1D)
+    targets = list(names) if names else sorted(found)
+    return targets, any(found.get(n, False) for n in targets)
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32
                ) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """Loads any local Hugging Face causal-LM folder. Raises ModelLoadError with one clear line."""

@@ -68,9 +68,10 @@ class LoraConfig(Section):
     alpha: int = Field(16, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA path.")
     target_modules: tuple[str, ...] | None = Field(
-        None, min_length=1, description="Module names that get adapters; None: every linear layer of the "
-        "transformer blocks, whatever the architecture names them (Llama: q/k/v/o_proj, "
-        "gate/up/down_proj; GPT-2: c_attn, c_proj, c_fc; Phi-3: qkv_proj, gate_up_proj...).",
+        None, min_length=1, description="Module names that get adapters; None: every linear "
+        "layer of the transformer blocks, whatever the architecture names them (Llama: "
+        "q/k/v/o_proj, gate/up/down_proj; GPT-2: c_attn, c_proj, c_fc; Phi-3: qkv_proj, "
+        "gate_up_proj...).",
     )
 
 

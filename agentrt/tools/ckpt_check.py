@@ -191,6 +191,8 @@ def _expected_shapes(p: Any) -> dict[str, tuple[int, ...]]:
 
 
 def _lora_fits(verdict: Verdict, p: Any, have: dict[str, tuple]) -> None:
+    from agentrt.policies.models import lora_targets
+
     modules: dict[str, dict[str, tuple]] = {}
     for key, shape in have.items():
         m = _LORA.match(key)
@@ -201,10 +203,12 @@ def _lora_fits(verdict: Verdict, p: Any, have: dict[str, tuple]) -> None:
         verdict.bad(f"policies.{p.id}.lora.r: {p.lora.r} in the config, "
                     f"{', '.join(map(str, sorted(ranks)))} in the checkpoint")
     targets = {name.rsplit(".", 1)[-1] for name in modules}
-    if targets != set(p.lora.target_modules):
-        verdict.bad(f"policies.{p.id}.lora.target_modules: {sorted(p.lora.target_modules)} in "
+    meta = _meta_model(p)
+    expected = lora_targets(meta, p.lora.target_modules)[0]
+    if targets != set(expected):
+        verdict.bad(f"policies.{p.id}.lora.target_modules: {sorted(expected)} in "
                     f"the config, {sorted(targets)} in the checkpoint")
-    base = dict(_meta_model(p).named_modules())
+    base = dict(meta.named_modules())
     for name, shapes in sorted(modules.items()):
         module = base.get(name) or base.get(name.removeprefix("model."))
         weight = getattr(module, "weight", None)
