@@ -52,6 +52,11 @@ def canary_defaults(**options: Any) -> dict[str, Any]:
     return given
 
 
+def _check_choice(flag: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise AgentrtError(f"{flag} takes {' or '.join(valid)}, not {value!r}")
+
+
 def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
           name: str | None = None, host: str = "127.0.0.1", port: int = 8000,
           token: str | None = None, backend: str = "hf", max_batch: int = 32,
@@ -69,14 +74,12 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
     """
     from agentrt.serving.sources import find_sources, run_device
 
-    if backend not in ("hf", "vllm"):
-        raise AgentrtError(f"--backend takes hf or vllm, not {backend!r}")
+    _check_choice("--backend", backend, ("hf", "vllm"))
+    _check_choice("--device", device or "auto", ("auto", "cpu", "cuda"))
     if max_batch < 1 or max_tokens < 1:
         raise AgentrtError("--max-batch and --max-tokens must be at least 1")
     if threads is not None and threads < 1:
         raise AgentrtError(f"--threads must be at least 1, not {threads}")
-    if device not in (None, "auto", "cpu", "cuda"):
-        raise AgentrtError(f"--device takes auto, cpu or cuda, not {device!r}")
     if not 0 <= port <= 65535:
         raise AgentrtError(f"--port {port} is not a TCP port (0-65535; 0: any free port)")
     canary = canary_defaults(**(canary or {}))
