@@ -9,6 +9,7 @@ and its no-grad log-prob and value passes all go through it. The layout arithmet
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any, Iterator
 
 import torch
@@ -17,10 +18,12 @@ from torch import nn
 from agentrt.config.sections import PolicyConfig
 from agentrt.core.device import autocast_for
 from agentrt.core.types import TrainBatch
-from agentrt.runtime.packing import (Forward, Layout, check_packing, layout, plan_micro_batches,
+from agentrt.runtime.packing import (Forward, Layout, layout, packed_attention, plan_micro_batches,
                                      trained_prefix)
 from agentrt.runtime.shared_model import SharedModel
 from agentrt.runtime.steps import chunks
+
+log = logging.getLogger(__name__)
 
 
 class ForwardPasses:
@@ -40,8 +43,21 @@ class ForwardPasses:
         # Positions the forward passes computed, how many were tokens, and the tokens a shared
         # prompt saved (metrics of the next update).
         self.computed_positions, self.computed_tokens, self.shared_tokens = 0, 0, 0
+        # policy.packing / share_prefix where the architecture's attention takes them, else
+        # padded rows (the same log-probs, more positions computed) and one warning line
+        self.packing, self.share_prefix = cfg.packing, cfg.packing and cfg.share_prefix
         if cfg.packing:
-            check_packing(shared.model, self.device, cfg.share_prefix)
+            self.packing, self.share_prefix = packed_attention(shared.model, self.device,
+                                                               cfg.share_prefix)
+            name = type(shared.model).__name__
+            if not self.packing:
+                log.warning("policy.packing: %s does not confine attention to packed sequences "
+                            "(it ignores restarting position ids); training on padded rows "
+                            "(set policy.packing: false to say so)", name)
+            elif cfg.share_prefix and not self.share_prefix:
+                log.warning("policy.share_prefix: %s does not follow a 4D attention mask; "
+                            "packing without sharing prompts (set policy.share_prefix: false "
+                            "to say so)", name)
         # policy.compile: forward passes with gradients (the update's) call the model through
         # torch.compile, dynamic shapes as every update's packed rows differ; the no-grad
         # log-prob passes (recompute, reference: weights swapped in) and the rollout stay eager.
@@ -75,13 +91,13 @@ class ForwardPasses:
         if not isinstance(batch, TrainBatch):
             return [list(range(p.start, p.stop)) for p in chunks(batch.size, size)]
         return plan_micro_batches(batch.attention_mask.sum(-1).tolist(), size, budget,
-                                  self.cfg.packing, input_ids=batch.input_ids,
+                                  self.packing, input_ids=batch.input_ids,
                                   prefix=self.shared_prefix(batch) if budget else None)
 
     def shared_prefix(self, batch: TrainBatch) -> torch.Tensor | None:
         """[B] tokens before each row's first trained token, where rows of one prompt share it
         (``policy.share_prefix`` with packing); None where nothing is shared."""
-        if not (self.cfg.packing and self.cfg.share_prefix):
+        if not self.share_prefix:
             return None
         return trained_prefix(batch.loss_mask, batch.attention_mask)
 
@@ -90,7 +106,7 @@ class ForwardPasses:
         (``policy.packing``), rows of one prompt computing it once (``policy.share_prefix``,
         where ``share``); counted for the padding metrics."""
         prefix = self.shared_prefix(batch) if share else None
-        lay = layout(batch.input_ids, batch.attention_mask, self.cfg.packing, self.pad_id,
+        lay = layout(batch.input_ids, batch.attention_mask, self.packing, self.pad_id,
                      prefix, int(getattr(self.shared.model.config, "hidden_size", 0) or 0))
         self.computed_positions += lay.computed
         self.computed_tokens += lay.tokens

@@ -343,30 +343,35 @@ class Forward:
         return lay.scatter(entropy_from_logits(flat[lay.pred.to(flat.device)]))
 
 
-def check_packing(model: torch.nn.Module, device: torch.device, share_prefix: bool = False
-                  ) -> None:
-    """Raises ConfigError when ``model``'s attention does not stay within packed sequences (an
-    architecture whose transformers code ignores restarting position ids), or, with
-    ``share_prefix``, when it does not follow a 4D attention mask."""
-    from agentrt.core.errors import ConfigError
+def packed_attention(model: torch.nn.Module, device: torch.device, share_prefix: bool = False
+                     ) -> tuple[bool, bool]:
+    """Whether ``model``'s log-probs over packed rows equal its padded ones (its attention stays
+    within each packed sequence: it reads restarting position ids), and, with ``share_prefix``,
+    over rows that share a prompt through a 4D attention mask (False when not asked).
 
+    Every architecture of :data:`agentrt.policies.presets.ARCHITECTURES` passes both
+    (tests/models/test_architectures.py); a leak moves tiny random models' log-probs by 0.2-0.5
+    there, so the 1e-3 tolerance tells the two apart."""
     lengths = torch.tensor([6, 3, 5, 5])  # the two short ones share a packed row
     vocab = int(getattr(model.config, "vocab_size", 16))
     ids = (torch.arange(24).view(4, 6) * 7 + 3) % max(4, min(vocab, 64))
     ids[3, :3] = ids[2, :3]  # rows 2 and 3: one prompt of 3 tokens, two completions
     mask = (torch.arange(6)[None, :] < lengths[:, None]).long()
-    arms = [(True, None)] + [(True, torch.tensor([0, 0, 3, 3]))] * share_prefix
-    with torch.no_grad():
-        outs = []
-        for packed, prefix in [(False, None)] + arms:
-            lay = layout(ids, mask, packed, 0, prefix)
-            logits = model(**lay.inputs(device)).logits.float()
-            outs.append(Forward(logits, lay).logprobs().cpu() * mask)
-    if not torch.allclose(outs[0], outs[1], atol=1e-3):
-        raise ConfigError(f"policy.packing: {type(model).__name__} does not confine attention to "
-                          "packed sequences (its attention ignores restarting position ids); set "
-                          "policy.packing: false")
-    if share_prefix and not torch.allclose(outs[0], outs[2], atol=1e-3):
-        raise ConfigError(f"policy.share_prefix: {type(model).__name__} does not follow a 4D "
-                          "attention mask, so completions cannot share their prompt's positions; "
-                          "set policy.share_prefix: false")
+
+    def logprobs(packed: bool, prefix: torch.Tensor | None = None) -> torch.Tensor | None:
+        lay = layout(ids, mask, packed, 0, prefix)
+        try:
+            with torch.no_grad():
+                logits = model(**lay.inputs(device)).logits.float()
+        except (ValueError, RuntimeError, TypeError, IndexError):
+            if not packed:
+                raise
+            return None  # e.g. Bloom's ALiBi reads a 2D mask only: it cannot take the 4D one
+        return Forward(logits, lay).logprobs().cpu() * mask
+
+    def same(out: torch.Tensor | None) -> bool:
+        return out is not None and torch.allclose(padded, out, atol=1e-3)
+
+    padded = logprobs(False)
+    packs = same(logprobs(True))
+    return packs, packs and share_prefix and same(logprobs(True, torch.tensor([0, 0, 3, 3])))
