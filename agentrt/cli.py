@@ -114,16 +114,20 @@ def check_config(
     kind: Optional[str] = typer.Option(
         None, help="train, tournament or decompose (default: told by the config's sections)."),
 ) -> None:
-    """Validate a config of any kind and print it resolved, without running anything.
+    """Validate a config of any kind and print it resolved, then each policy's first prompt
+    as the run renders it (chat template included), without running anything.
 
     It resolves what the config names: envs, rewards, baselines against the envs they play,
     model and data paths, plugin modules (imports:).
     """
     from agentrt.tools.checks import load_checked
     from agentrt.config.load import dump_config
+    from agentrt.tools.first_prompt import first_prompts
 
     found, cfg = load_checked(config, list(set_ or []), kind=kind, imports=imports or ())
     typer.echo(f"# {found} config, valid\n{dump_config(cfg)}", nl=False)
+    for prompt in first_prompts(found, cfg):
+        typer.echo(prompt.show(), nl=False)
 
 
 @app.command("config-help")

@@ -25,6 +25,7 @@ from agentrt.decomposer.router import Router
 from agentrt.decomposer.sdk import WHOLE
 from agentrt.envs.tasks import Example
 from agentrt.policies.base import as_policy
+from agentrt.policies.chat import policy_chat
 from agentrt.policies.lm import LMPolicy, PromptTemplate
 
 from agentrt.controller.episodes import EPISODES
@@ -36,6 +37,7 @@ from agentrt.core.registry import import_callable
 from agentrt.runner.core import ROUTED, EpisodeRunner, EpisodeSpec, RunnerConfig, RunResult
 from agentrt.runner.record import EpisodeRecord
 from agentrt.workloads.prompts.data.sources import PromptSampler
+from agentrt.workloads.prompts.data.sources import chat_prompt
 from agentrt.workloads.prompts.workload import sft_warm_start
 
 log = logging.getLogger(__name__)
@@ -110,10 +112,15 @@ class DecomposeWorkload(Workload):
         s = self.cfg.sft
         metrics: dict[str, float] = {}
         steps = {p.id: s.steps if p.sft_steps is None else p.sft_steps for p in self.cfg.policies}
+        cfgs = {p.id: p for p in self.cfg.policies}
         for pid, examples in self.demonstration_rows().items():
             if steps[pid]:
+                chat = policy_chat(cfgs[pid], ctl.tokenizer(pid))  # as the chain prompts are
+                if chat is not None:
+                    examples = [Example(chat_prompt(chat, ex.prompt), ex.answer, ex.info)
+                                for ex in examples]
                 m = sft_warm_start(ctl, pid, examples, s, steps[pid], self.cfg.seed,
-                                   self.progress, label=f"sft {pid}")
+                                   self.progress, label=f"sft {pid}", bos=chat is None)
                 metrics[f"sft/loss@{pid}"] = m["sft/loss"]
         return metrics
 

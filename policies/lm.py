@@ -9,6 +9,14 @@ Prompts, per (episode, agent):
 so each prompt extends the previous turn's prompt and response and generated tokens are never
 re-tokenized (``Trajectory.to_sequence`` gives one training sequence per agent and episode).
 
+With a chat template (the policy config's ``template:``, :mod:`agentrt.policies.chat`), the
+template text is a user message, the earlier responses assistant messages, after the config's
+``system:`` message: the first prompt is ``apply_chat_template([system, user],
+add_generation_prompt=True)``, a later one ``previous.prompt_ids + previous.response_ids`` + the
+ids the template puts between that and the next generation prompt (the whole conversation
+rendered afresh where a template does not extend it). Memory context is put, as text, before the
+observation in the user message.
+
 Memory hook: ``memory(requests) -> [(context_ids, record_ids), ...]`` (one pair per request), for
 example a wrapper around ``agentrt.memory.augment.retrieve_context``. Context ids are part of the
 prompt, so they never carry loss; ``record_ids`` go to ``Turn.memory_ids``.
@@ -21,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from agentrt.policies.base import Action, ActRequest
+from agentrt.policies.chat import Chat, Messages, policy_chat
 from agentrt.envs.tasks import decode_texts, encode_texts
 from agentrt.core.types import Turn
 
@@ -72,11 +81,15 @@ class LMPolicy:
         max_context: Prompt + ``max_new_tokens`` must fit; otherwise the action asks the runner to
             end the episode as truncated.
         memory: Optional memory hook (see module docstring).
+        chat: The chat template prompts are rendered with (:class:`agentrt.policies.chat.Chat`);
+            "config" (the default): the engine's config (``template``, ``system``) on its
+            tokenizer; None: plain text templates.
     """
 
     def __init__(self, engine: Any, templates: PromptTemplate | dict[str, PromptTemplate] | None
                  = None, trainable: bool | None = None, sampling: Any = None,
-                 max_context: int = 2048, memory: MemoryHook | None = None) -> None:
+                 max_context: int = 2048, memory: MemoryHook | None = None,
+                 chat: Chat | None | str = "config") -> None:
         self.engine = engine
         self.policy_id = engine.policy_id
         self.tokenizer = engine.tokenizer
@@ -85,6 +98,7 @@ class LMPolicy:
         self.sampling = sampling
         self.max_context = max_context
         self.memory = memory
+        self.chat = policy_chat(cfg, self.tokenizer) if chat == "config" else chat
         if isinstance(templates, PromptTemplate) or templates is None:
             templates = {"*": templates or DEFAULT_TEMPLATE}
         self.templates = dict(templates)
@@ -127,18 +141,47 @@ class LMPolicy:
                     contexts: list[list[int] | None] | None = None) -> list[list[int]]:
         """:meth:`prompt_ids` of each request (with its context ids), the rendered templates
         encoded in one call."""
+        return self._render(requests, contexts)[0]
+
+    def _render(self, requests: list[ActRequest], contexts: list[list[int] | None] | None = None
+                ) -> tuple[list[list[int]], list[Messages | None]]:
+        """(prompt ids, chat messages: None without a chat template) of each request."""
+        contexts = contexts or [None] * len(requests)
+        if self.chat is not None:
+            return self._chat_prompts(self.chat, requests, contexts)
         templates = [self.template(r.env_name) for r in requests]
         encoded = self.encode_many([t.render(r) for t, r in zip(templates, requests)])
         bos = self.tokenizer.bos_token_id
         out = []
-        for tpl, req, ctx, ids in zip(templates, requests, contexts or [None] * len(requests),
-                                      encoded):
+        for tpl, req, ctx, ids in zip(templates, requests, contexts, encoded):
             if tpl.continues(req):
                 head = req.previous.prompt_ids + req.previous.response_ids
             else:
                 head = [bos] if tpl.add_bos and bos is not None else []
             out.append(head + list(ctx or []) + ids)
-        return out
+        return out, [None] * len(out)
+
+    def _chat_prompts(self, chat: Chat, requests: list[ActRequest],
+                      contexts: list[list[int] | None]) -> tuple[list[list[int]], list[Messages]]:
+        """Prompts through the chat template (module docstring): a first turn renders the
+        conversation, a later one extends the previous prompt and response ids."""
+        texts = decode_texts(self.tokenizer, [list(c or []) for c in contexts])
+        out, chats = [], []
+        for req, memory in zip(requests, texts):
+            tpl = self.template(req.env_name)
+            user = (memory + tpl.render(req)).strip()
+            prev = req.previous
+            if tpl.continues(req) and prev is not None and "chat" in prev.info:
+                messages, suffix = chat.extend(prev.info["chat"], prev.response_ids,
+                                               str(prev.info.get("action", "")), user)
+                ids = (prev.prompt_ids + prev.response_ids + suffix if suffix is not None
+                       else chat.ids(messages))
+            else:
+                messages = [{"role": "user", "content": user}]
+                ids = chat.ids(messages)
+            out.append(ids)
+            chats.append(messages)
+        return out, chats
 
     @property
     def joint_key(self) -> Any:
@@ -179,9 +222,9 @@ class LMPolicy:
     def _prompts(self, requests: list[ActRequest]) -> _Tick:
         """The prompts of the requests that fit the context (the others end as truncated)."""
         contexts = self.memory(requests) if self.memory else [([], [])] * len(requests)
-        tick = _Tick(contexts, [None] * len(requests), [], [], [])
+        tick = _Tick(contexts, [None] * len(requests), [], [], [], [])
         limit = self.max_context - self.max_new_tokens
-        all_ids = self.prompts_ids(requests, [ctx_ids for ctx_ids, _ in contexts])
+        all_ids, tick.chats = self._render(requests, [ctx_ids for ctx_ids, _ in contexts])
         for i, ids in enumerate(all_ids):
             if len(ids) > limit:
                 tick.actions[i] = Action("", truncate=True)
@@ -203,6 +246,8 @@ class LMPolicy:
                         logprobs=list(comp.logprobs), role=req.agent, policy_id=self.policy_id,
                         policy_version=version, finished=bool(comp.finished),
                         memory_ids=list(tick.contexts[i][1]), info={"action": text})
+            if tick.chats[i] is not None:
+                turn.info["chat"] = tick.chats[i]
             actions[i] = Action(text, turn)
         return actions  # type: ignore[return-value]
 
@@ -228,13 +273,15 @@ class LMPolicy:
 @dataclass
 class _Tick:
     """One call's prompts: per request its memory context and its action when it has one
-    already (truncated); per prompt that runs, its request's index and token budget."""
+    already (truncated); per prompt that runs, its request's index and token budget; per
+    request its chat messages (None without a chat template)."""
 
     contexts: list[tuple[list[int], list[str]]]
     actions: list[Action | None]
     prompts: list[list[int]]
     index: list[int]
     budgets: list[int | None]
+    chats: list[Messages | None]
 
 
 def bank_memory(bank: Any, tokenizer: Any, policy_id: str, k: int = 4, token_budget: int = 128,

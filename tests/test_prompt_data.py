@@ -19,7 +19,9 @@ from agentrt.workloads.prompts.config import TaskConfig
 from agentrt.workloads.prompts.data import check_source, open_source
 from agentrt.workloads.prompts.data.readers import JsonlReader, open_reader
 from agentrt.workloads.prompts.data.sources import keyword_reward, render_messages
+from agentrt.config.sections import PolicyConfig
 from agentrt.core.errors import ConfigError
+from agentrt.policies.chat import policy_chat
 from agentrt.workloads.prompts.workload import Trainer
 from agentrt.workloads.prompts.config import TrainConfig
 
@@ -208,10 +210,11 @@ def test_chat_messages_rendered_with_the_template_or_as_lines(tmp_path: Path) ->
                                "{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}"
                                "<|assistant|>{% endif %}")
     templated = open_source(cfg, seed=0)
-    templated.start(tokenizer)
-    expected = "<|system|>Add.\n<|user|>1+3=\n<|assistant|>"
-    assert templated.next(1)[0].prompt == expected == render_messages(tokenizer, chat(1))
-    assert templated.eval_examples()[0].prompt == render_messages(tokenizer, chat(0))
+    chat_cfg = policy_chat(PolicyConfig(), tokenizer)  # template: auto finds the tokenizer's
+    templated.start(tokenizer, chat_cfg)
+    expected = "<bos><|system|>Add.\n<|user|>1+3=\n<|assistant|>"
+    assert templated.next(1)[0].prompt == expected == render_messages(chat_cfg, chat(1))
+    assert templated.eval_examples()[0].prompt == render_messages(chat_cfg, chat(0))
     templated.next(10)
     assert templated.metrics()["data/skipped_rows"] >= 1
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from agentrt.memory.policy import MemoryBanksConfig, check_policy_memory
+from agentrt.policies.lm import PromptTemplate
 from agentrt.tournaments.config import ScheduleConfig, build_scheduler
 from agentrt.tournaments.types import Entrant, TournamentError
 from pydantic import Field, field_validator, model_validator
@@ -93,6 +94,10 @@ class TemplateConfig(Section):
     history: bool = Field(
         True, description="Later prompts extend earlier turns (False: each turn sees only the "
                           "current observation, for games whose observation is the full state).")
+
+    def prompt(self) -> PromptTemplate:
+        """The policies' prompt template of this env (agentrt.policies.lm)."""
+        return PromptTemplate(self.first, self.turn, history=self.history)
 
 
 class EnvEntry(Section):

@@ -22,7 +22,7 @@ from typing import Any
 
 from agentrt.memory.policy import wire_memories
 from agentrt.policies.base import Action, ActRequest
-from agentrt.policies.lm import LMPolicy, PromptTemplate
+from agentrt.policies.lm import LMPolicy
 from agentrt.policies.scripted import load_scripted_state, scripted_factory, scripted_state
 from agentrt.tournaments.report import build_leaderboard, format_leaderboard
 from agentrt.tournaments.run_config import TournamentRunConfig
@@ -99,8 +99,7 @@ class LeagueWorkload(Workload):
         super().__init__(cfg)
         self.runner = cfg.runner.model_copy(update={"random_seats": False})
         self.learners = [p.id for p in cfg.policies if p.trainable]
-        self.templates = {e.id: PromptTemplate(e.template.first, e.template.turn,
-                                               history=e.template.history) for e in cfg.envs}
+        self.templates = {e.id: e.template.prompt() for e in cfg.envs}
         self.env_kwargs = {e.id: dict(e.kwargs) for e in cfg.envs}
         self.seats = {k: list(v) for k, v in cfg.env_seats().items()}
         self.roles = {p.id: p.roles for p in cfg.policies} | {b.id: b.roles for b in cfg.baselines}

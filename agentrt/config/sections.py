@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentrt.algos.config import AlgorithmConfig
 from agentrt.config.rollout import RolloutConfig
 from agentrt.core.schema import ConfigModel
 from agentrt.memory.augment import MemoryConfig
+from agentrt.policies.chat import check_template
 
 
 class Section(ConfigModel):
@@ -150,6 +151,19 @@ class PolicyConfig(Section):
     memory: MemoryConfig | None = Field(
         None, description="Memory bank this policy reads into prompts and writes at episode end "
         "(docs/memory.md); None: no memory.")
+    template: str = Field(
+        "auto", description="Chat template of the policy's prompts: auto (the tokenizer's "
+        "chat_template when it has one; the byte-level preset models have none), none (plain "
+        "text templates), or a Jinja chat template (its text, or a file holding it) "
+        "(docs/configuration.md#chat-templates).")
+    system: str | None = Field(
+        None, description="System message put first in every prompt when a chat template "
+        "renders them; None: no system message.")
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        return check_template(value)
 
     @model_validator(mode="after")
     def _share_prefix_needs_packing(self) -> PolicyConfig:

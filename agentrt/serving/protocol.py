@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrt.config.rollout import SamplingConfig
+from agentrt.policies.chat import chat_of
 
 UNSUPPORTED = ("logprobs", "echo", "best_of", "suffix", "tools", "functions", "logit_bias")
 
@@ -82,12 +83,13 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Prompt ids of a chat: the tokenizer's chat template with the generation prompt, or, for a
-    tokenizer without one (the project's small byte-level models), one line per message
+    """Prompt ids of a chat: the tokenizer's chat template with the generation prompt
+    (:mod:`agentrt.policies.chat`, as a policy's ``template: auto`` renders its prompts), or,
+    for a tokenizer without one (the project's small byte-level models), one line per message
     (``"{role}: {content}\\n"``) then ``"assistant:"``."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return list(tokenizer.encode(text, add_special_tokens=False))
+    chat = chat_of(tokenizer)
+    if chat is not None:
+        return chat.ids(messages)
     text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
     return encode_text(tokenizer, text)
 

@@ -96,8 +96,8 @@ def training_data(cfg: Any, run_dir: Path) -> tuple[list[Any], list[Any], str]:
 
 def file_examples(cfg: Any, run_dir: Path) -> tuple[list[Any], list[Any]]:
     """Every training row of a prompt file (the rows its held-out test keeps out of the
-    eval split) and its eval examples, as the run's source renders them (chat messages with the
-    run's tokenizer's template)."""
+    eval split) and its eval examples, as the run's source renders them (through the policy's chat
+    template, agentrt.policies.chat)."""
     from agentrt.workloads.prompts.data import open_source
     from agentrt.workloads.prompts.data.config import resolved_format
     from agentrt.workloads.prompts.data.readers import open_reader
@@ -108,7 +108,10 @@ def file_examples(cfg: Any, run_dir: Path) -> tuple[list[Any], list[Any]]:
     if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
         from transformers import AutoTokenizer
 
-        source.start(AutoTokenizer.from_pretrained(folder))
+        from agentrt.policies.chat import policy_chat
+
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        source.start(tokenizer, policy_chat(cfg.policy, tokenizer))
     o = source.opts
     reader = open_reader(o.path, resolved_format(o.path, o.format), o.split,
                          list(o.columns.names().values()))

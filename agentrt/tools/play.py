@@ -66,12 +66,11 @@ def play(run_dir: Path, policy: str | None = None, env: str | None = None, seat:
     if not 0 <= seat < len(agents):
         raise ConfigError(f"--seat {seat}: {env_entry.id} has seats 0-{len(agents) - 1}")
     from agentrt.runtime.learner import Learner
-    from agentrt.policies.lm import LMPolicy, PromptTemplate
+    from agentrt.policies.lm import LMPolicy
     from agentrt.runner.core import EpisodeRunner, EpisodeSpec
 
     engine = Learner(pcfg, seed=cfg.seed)
-    template = PromptTemplate(env_entry.template.first, env_entry.template.turn,
-                              history=env_entry.template.history)
+    template = env_entry.template.prompt()
     sampling = None if sample else pcfg.rollout.sampling.model_copy(update={"temperature": 0.0})
     lm = LMPolicy(engine, template, trainable=False, sampling=sampling)
     runner = EpisodeRunner({pcfg.id: lm, HUMAN: HumanPlayer(stdin, stdout)},

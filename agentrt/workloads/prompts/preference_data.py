@@ -14,8 +14,10 @@ from typing import Any
 
 from agentrt.core.errors import AgentrtError
 from agentrt.envs.tasks import encode_prompt
+from agentrt.policies.chat import Chat
 from agentrt.runtime.preference import PreferenceExample
 from agentrt.workloads.prompts.config import DataConfig
+from agentrt.workloads.prompts.data.sources import chat_prompt
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +109,13 @@ def _ranks(row: dict[str, Any], n: int) -> list[int] | str:
 
 
 def load_preference_data(cfg: DataConfig, tokenizer: Any, accepts_unpaired: bool,
-                         exclude_prompts: set[str] = frozenset()
+                         exclude_prompts: set[str] = frozenset(), chat: Chat | None = None
                          ) -> tuple[list[PreferenceExample], list[PreferenceExample]]:
     """(train, eval) examples of ``cfg.path``, tokenized once; malformed rows are counted,
     skipped and reported in one warning line. Rows whose prompt is in ``exclude_prompts`` (the
-    task's held-out prompts) are dropped. The eval split is by prompt hash, so no prompt is in
-    both splits."""
+    task's held-out prompts, as the policy's prompts render them) are dropped. The eval split is
+    by prompt hash, so no prompt is in both splits. With ``chat`` (the policy's chat template) a
+    prompt is a user message rendered through it, as the policy's own prompts are."""
     rows = read_rows(cfg)
     skipped: Counter[str] = Counter()
     train, held_out, excluded = [], [], 0
@@ -126,10 +129,11 @@ def load_preference_data(cfg: DataConfig, tokenizer: Any, accepts_unpaired: bool
         if labels is not None and not accepts_unpaired:
             skipped["unpaired row (needs algorithm kto)"] += 1
             continue
-        if prompt in exclude_prompts:
+        if chat_prompt(chat, prompt) in exclude_prompts:
             excluded += 1
             continue
-        p_ids = encode_prompt(tokenizer, prompt)
+        p_ids = (encode_prompt(tokenizer, prompt) if chat is None else
+                 chat.ids([{"role": "user", "content": prompt}]))
         r_ids = [tokenizer.encode(t, add_special_tokens=False) + eos for t in texts]
         if len(p_ids) + max(len(r) for r in r_ids) > cfg.max_length:
             skipped["too long"] += 1

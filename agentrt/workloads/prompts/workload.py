@@ -22,6 +22,7 @@ from agentrt.controller.loop import Controller, greedy
 from agentrt.controller.workload import Workload
 from agentrt.core.types import Trajectory, Turn
 from agentrt.envs.tasks import Example, encode_texts, prompt_head
+from agentrt.policies.chat import Chat, policy_chat
 from agentrt.policies.lm import LMPolicy, PromptTemplate
 from agentrt.rewards import exact_match
 from agentrt.rewards.deferred import score_trajectories, trainable
@@ -31,12 +32,22 @@ from agentrt.runner.core import EpisodeSpec, RunnerConfig, RunResult
 from agentrt.core.device import resolve_device
 from agentrt.workloads.prompts.config import TrainConfig
 from agentrt.workloads.prompts.data import open_source
-from agentrt.workloads.prompts.data.sources import PromptSampler
+from agentrt.workloads.prompts.data.sources import PromptSampler, chat_prompt
 
 log = logging.getLogger(__name__)
 
-# A task prompt is the whole observation: bos + prompt ids, as SFT demonstrations see it.
+# A task prompt is the whole observation: bos + prompt ids, as SFT demonstrations see it; with a
+# chat template the source has rendered it through the template already (bos included where the
+# template puts one), so the policy encodes it as it is.
 TASK_TEMPLATE = PromptTemplate(first="{observation}", history=False)
+CHAT_TASK_TEMPLATE = PromptTemplate(first="{observation}", history=False, add_bos=False)
+
+
+def task_policy(handle: Any, chat: Chat | None, **kwargs: Any) -> LMPolicy:
+    """The LM policy of task prompts (``chat``: the policy's chat template, with which its
+    source renders every prompt already)."""
+    return LMPolicy(handle, TASK_TEMPLATE if chat is None else CHAT_TASK_TEMPLATE, chat=None,
+                    **kwargs)
 
 
 # Texts an SFT warm start keeps encoded (its batches draw the same examples again and again).
@@ -44,12 +55,15 @@ DEMO_CACHE_TEXTS = 200_000
 
 
 def demonstrations(tokenizer: Any, examples: list[Example],
-                   cache: dict[str, list[int]] | None = None) -> list[Trajectory]:
-    """SFT data: prompt ids + answer ids + eos, loss on the answer only. With ``cache`` (text ->
-    ids, filled here), each text is encoded once across calls: an SFT warm start draws its
+                   cache: dict[str, list[int]] | None = None, bos: bool = True
+                   ) -> list[Trajectory]:
+    """SFT data: prompt ids + answer ids + eos, loss on the answer only (``bos``: bos first; a
+    prompt rendered by a chat template has what the template puts first). With ``cache`` (text
+    -> ids, filled here), each text is encoded once across calls: an SFT warm start draws its
     batches from the same examples again and again (500 steps of 64 on llama-tiny: 10% faster
     than encoding every batch). The ids are the same either way."""
-    eos, head, n = int(tokenizer.eos_token_id), prompt_head(tokenizer), len(examples)
+    eos, n = int(tokenizer.eos_token_id), len(examples)
+    head = prompt_head(tokenizer) if bos else []
     texts = [ex.prompt for ex in examples] + [ex.answer for ex in examples]
     cache = {} if cache is None else cache
     unique = list(dict.fromkeys(texts))
@@ -64,14 +78,16 @@ def demonstrations(tokenizer: Any, examples: list[Example],
 
 
 def sft_warm_start(ctl: Controller, pid: str, examples: list[Example] | Any, sft: Any,
-                   steps: int, seed: int, progress: bool, label: str) -> dict[str, float]:
+                   steps: int, seed: int, progress: bool, label: str, bos: bool = True
+                   ) -> dict[str, float]:
     """The SFT objective (:func:`agentrt.controller.objectives.sft`) on batches drawn from
-    ``examples`` (a list, or a prompt source's ``demonstrations`` with ``next(n)``)."""
+    ``examples`` (a list, or a prompt source's ``demonstrations`` with ``next(n)``); ``bos``:
+    see :func:`demonstrations`."""
     sampler = examples if hasattr(examples, "next") else PromptSampler(examples, seed + 1)
     tokenizer = ctl.tokenizer(pid)
     cache: dict[str, list[int]] = {}
     return objectives.sft(ctl, pid, lambda i: demonstrations(
-        tokenizer, sampler.next(sft.batch_size), cache), sft, steps, progress, label)
+        tokenizer, sampler.next(sft.batch_size), cache, bos), sft, steps, progress, label)
 
 
 class PromptWorkload(Workload):
@@ -97,6 +113,7 @@ class PromptWorkload(Workload):
         self.pref_eval: list[Any] = []
         self.rows: PromptSampler | None = None
         self.injected: list[Example] = []  # prompts pushed by agentrt.controller.control, drawn first
+        self.chat: Chat | None = None  # the policy's chat template, once its tokenizer exists
 
     @property
     def policies(self) -> list[Any]:
@@ -126,7 +143,8 @@ class PromptWorkload(Workload):
     def start(self, ctl: Controller) -> None:
         self.pool = ctl.pool_of(self.pid)
         self.tokenizer = ctl.tokenizer(self.pid)
-        self.source.start(self.tokenizer)
+        self.chat = policy_chat(self.cfg.policy, self.tokenizer)
+        self.source.start(self.tokenizer, self.chat)
         self.eval_set = self.source.eval_examples()
         self.rewards = build_executor(  # keys of a shared reward service: this run and policy
             sources_of(self.cfg.reward), str(resolve_device(self.cfg.policy.model.device)),
@@ -139,22 +157,24 @@ class PromptWorkload(Workload):
             unpaired = getattr(PREFERENCE_LOSSES.get(str(self.algo.preference_loss)),
                                "accepts_unpaired", False)
             self.pref_train, self.pref_eval = load_preference_data(
-                self.cfg.data, self.tokenizer, unpaired, {ex.prompt for ex in self.eval_set})
+                self.cfg.data, self.tokenizer, unpaired, {ex.prompt for ex in self.eval_set},
+                self.chat)
             self.rows = PromptSampler(self.pref_train, self.cfg.seed)
 
     def make_players(self, ctl: Controller) -> None:
         handle = ctl.handle(self.pid)
         sampling = self.cfg.policy.rollout.sampling
-        self.policy = LMPolicy(handle, TASK_TEMPLATE)
-        self.eval_policy = LMPolicy(handle, TASK_TEMPLATE, trainable=True,
-                                    sampling=greedy(sampling) if self.cfg.eval.greedy else None)
+        self.policy = task_policy(handle, self.chat)
+        self.eval_policy = task_policy(handle, self.chat, trainable=True,
+                                       sampling=greedy(sampling) if self.cfg.eval.greedy else None)
 
     def episodes_per_step(self, cfg: TrainConfig) -> int:
         return cfg.train.prompts_per_step * cfg.train.group_size
 
     def inject(self, prompts: list[dict[str, Any]]) -> None:
         """Prompts (``{prompt, answer, info}``) the next steps draw before their source's."""
-        self.injected += [Example(p["prompt"], p["answer"], dict(p["info"])) for p in prompts]
+        self.injected += [Example(chat_prompt(self.chat, p["prompt"]), p["answer"],
+                                  dict(p["info"])) for p in prompts]
 
     def warm_start(self, ctl: Controller) -> dict[str, float]:
         """SFT on demonstrations (when configured); offline preference rows then get their
@@ -163,7 +183,8 @@ class PromptWorkload(Workload):
         s = self.cfg.sft
         if s.steps:
             metrics = sft_warm_start(ctl, self.pid, self.source.demonstrations(self.cfg.seed + 1),
-                                     s, s.steps, self.cfg.seed, self.progress, label="sft")
+                                     s, s.steps, self.cfg.seed, self.progress, label="sft",
+                                     bos=self.chat is None)
         if self.pref_train or self.pref_eval:
             filled = self.pool.fill_reference(self.pref_train + self.pref_eval, adapter=self.pid)
             self._set_reference([ex.ref_logps for ex in filled])

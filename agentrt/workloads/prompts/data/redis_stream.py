@@ -15,7 +15,6 @@ checkpoint names the entries; if the first is no longer pending the transaction 
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 from pydantic import Field
 
 from agentrt.workloads.prompts.data.config import Columns
-from agentrt.workloads.prompts.data.sources import PromptDataError, SourceBase, render_messages
+from agentrt.workloads.prompts.data.sources import PromptDataError, SourceBase
 from agentrt.workloads.prompts.data.stream import SkipCounter, map_row
 from agentrt.memory.config import RedisConfig, redact
 from agentrt.core.schema import ConfigModel
@@ -69,10 +68,6 @@ class RedisSource(SourceBase):
         self.drawn: list[tuple[str, Example]] = []  # this step's (entry id, example)
         self.pending_from: str | None = "0"  # read our pending entries after this id first
         self.read = 0
-        self.render = functools.partial(render_messages, None)
-
-    def start(self, tokenizer: Any) -> None:
-        self.render = functools.partial(render_messages, tokenizer)
 
     def _call(self, fn: Any, *args: Any) -> Any:
         try:
@@ -123,8 +118,7 @@ class RedisSource(SourceBase):
                 if isinstance(row, str):
                     self.skipped(row)
                     continue
-                prompt = self.render(row["messages"]) if "messages" in row else row["prompt"]
-                self.drawn.append((entry_id, Example(prompt, row["answer"] or "",
+                self.drawn.append((entry_id, Example(self.prompt(row), row["answer"] or "",
                                                      dict(row["info"]))))
         return [ex for _, ex in self.drawn]
 

@@ -29,6 +29,7 @@ from agentrt.workloads.prompts.data.readers import JsonlReader, open_reader
 from agentrt.workloads.prompts.data.stream import Row, ShuffledRows, SkipCounter, hashed_out, row_key, scan
 from agentrt.core.errors import AgentrtError, ConfigError
 from agentrt.envs.tasks import Example, make_splits
+from agentrt.policies.chat import Chat
 
 HEAD_LINES = 1000  # JSONL lines a column check looks at
 
@@ -40,8 +41,9 @@ class PromptDataError(AgentrtError):
 class PromptSource(Protocol):
     """What the train workload draws its examples from."""
 
-    def start(self, tokenizer: Any) -> None:
-        """Called once the policy's tokenizer exists (chat prompts are rendered with it)."""
+    def start(self, tokenizer: Any, chat: Chat | None = None) -> None:
+        """Called once the policy's tokenizer exists: with ``chat`` (the policy's chat
+        template, :mod:`agentrt.policies.chat`) every prompt is rendered through it."""
 
     def next(self, n: int) -> list[Example]:
         """The next ``n`` training examples."""
@@ -101,10 +103,17 @@ class PromptSampler:
 
 
 class SourceBase:
-    """Defaults of a source: nothing to set up, send on, acknowledge or close."""
+    """Defaults of a source: prompts as they come (until :meth:`start` gives a chat template),
+    nothing to send on, acknowledge or close."""
 
-    def start(self, tokenizer: Any) -> None:
-        return None
+    chat: Chat | None = None
+
+    def start(self, tokenizer: Any, chat: Chat | None = None) -> None:
+        self.chat = chat
+
+    def prompt(self, row: Row) -> str:
+        """The prompt text of a data row (:func:`row_prompt`)."""
+        return row_prompt(self.chat, row)
 
     def finished(self, trajectories: list[Any], step: int) -> None:
         return None
@@ -123,6 +132,14 @@ class TaskSource(SourceBase):
         self.train, self.eval = make_splits(task.name, task.options, task.train_size,
                                             task.eval_size, task.seed)
         self.sampler = PromptSampler(self.train, seed)
+
+    def start(self, tokenizer: Any, chat: Chat | None = None) -> None:
+        """With a chat template, each prompt becomes a user message rendered through it."""
+        if chat is not None and self.chat is None:
+            for examples in (self.train, self.eval):
+                examples[:] = [Example(chat_prompt(chat, ex.prompt), ex.answer, ex.info)
+                               for ex in examples]
+        self.chat = chat
 
     def next(self, n: int) -> list[Example]:
         return self.sampler.next(n)
@@ -143,16 +160,28 @@ class TaskSource(SourceBase):
         self.sampler.load_state_dict(state)
 
 
-def render_messages(tokenizer: Any, messages: list[dict[str, str]]) -> str:
-    """A chat as prompt text: the tokenizer's chat template with the generation prompt (its
-    leading bos left out: encoding adds it), or, for a tokenizer without a template (the
+def render_messages(chat: Chat | None, messages: list[dict[str, str]]) -> str:
+    """A chat as prompt text: the policy's chat template with the generation prompt (its
+    ``system:`` first when the chat has no system message), or, without a template (the
     project's small models), one ``"{role}: {content}"`` line per message, then
     ``"assistant:"``."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        bos = tokenizer.bos_token
-        return text[len(bos):] if bos and text.startswith(bos) else text
+    if chat is not None:
+        return chat.text(messages)
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+def chat_prompt(chat: Chat | None, prompt: str) -> str:
+    """A plain prompt as prompt text: one user message through the chat template, or as it is
+    without one."""
+    return prompt if chat is None else chat.text([{"role": "user", "content": prompt}])
+
+
+def row_prompt(chat: Chat | None, row: Row) -> str:
+    """The prompt text of a data row: its ``messages`` or its ``prompt`` through the chat
+    template (the plain prompt, or the messages as lines, without one)."""
+    if "messages" in row:
+        return render_messages(chat, row["messages"])
+    return chat_prompt(chat, row["prompt"])
 
 
 class FileSource(SourceBase):
@@ -174,8 +203,6 @@ class FileSource(SourceBase):
         self.opts = opts = DatasetOptions(**task.options)
         check_columns(opts)
         self.seed, self.eval_size = seed, task.eval_size
-        self.render: Callable[[list[dict[str, str]]], str] = functools.partial(
-            render_messages, None)
         self._eval_rows, self.held_out = self._eval_split()
         self.stream = self._stream(seed)
 
@@ -203,13 +230,9 @@ class FileSource(SourceBase):
         keys = {row_key(r) for r in picked}
         return picked, lambda row: row_key(row) in keys
 
-    def start(self, tokenizer: Any) -> None:
-        self.render = functools.partial(render_messages, tokenizer)
-
     def example(self, row: Row) -> Example:
         """A row as an example (a chat rendered to prompt text)."""
-        prompt = self.render(row["messages"]) if "messages" in row else row["prompt"]
-        return Example(prompt, row["answer"] or "", dict(row["info"]))
+        return Example(self.prompt(row), row["answer"] or "", dict(row["info"]))
 
     def next(self, n: int) -> list[Example]:
         try:
