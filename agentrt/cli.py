@@ -113,6 +113,9 @@ def check_config(
     imports: Optional[list[str]] = _IMPORT,
     kind: Optional[str] = typer.Option(
         None, help="train, tournament or decompose (default: told by the config's sections)."),
+    prompt: bool = typer.Option(
+        True, help="Print each policy's first prompt, rendered (loads the tokenizers: "
+                   "transformers; --no-prompt validates without it)."),
 ) -> None:
     """Validate a config of any kind and print it resolved, then each policy's first prompt
     as the run renders it (chat template included), without running anything.
@@ -126,8 +129,8 @@ def check_config(
 
     found, cfg = load_checked(config, list(set_ or []), kind=kind, imports=imports or ())
     typer.echo(f"# {found} config, valid\n{dump_config(cfg)}", nl=False)
-    for prompt in first_prompts(found, cfg):
-        typer.echo(prompt.show(), nl=False)
+    for first in first_prompts(found, cfg) if prompt else []:
+        typer.echo(first.show(), nl=False)
 
 
 @app.command("config-help")

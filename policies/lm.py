@@ -141,11 +141,13 @@ class LMPolicy:
                     contexts: list[list[int] | None] | None = None) -> list[list[int]]:
         """:meth:`prompt_ids` of each request (with its context ids), the rendered templates
         encoded in one call."""
-        return self._render(requests, contexts)[0]
+        return self.render(requests, contexts)[0]
 
-    def _render(self, requests: list[ActRequest], contexts: list[list[int] | None] | None = None
-                ) -> tuple[list[list[int]], list[Messages | None]]:
-        """(prompt ids, chat messages: None without a chat template) of each request."""
+    def render(self, requests: list[ActRequest], contexts: list[list[int] | None] | None = None
+               ) -> tuple[list[list[int]], list[Messages | None]]:
+        """(prompt ids, chat messages: None without a chat template) of each request; a turn
+        answering the prompt keeps its messages in ``info["chat"]`` (and its text in
+        ``info["action"]``) for the next prompt to extend."""
         contexts = contexts or [None] * len(requests)
         if self.chat is not None:
             return self._chat_prompts(self.chat, requests, contexts)
@@ -224,7 +226,7 @@ class LMPolicy:
         contexts = self.memory(requests) if self.memory else [([], [])] * len(requests)
         tick = _Tick(contexts, [None] * len(requests), [], [], [], [])
         limit = self.max_context - self.max_new_tokens
-        all_ids, tick.chats = self._render(requests, [ctx_ids for ctx_ids, _ in contexts])
+        all_ids, tick.chats = self.render(requests, [ctx_ids for ctx_ids, _ in contexts])
         for i, ids in enumerate(all_ids):
             if len(ids) > limit:
                 tick.actions[i] = Action("", truncate=True)

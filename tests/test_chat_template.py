@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from agentrt.cli import app
@@ -203,6 +204,22 @@ def test_a_template_that_does_not_extend_is_rendered_afresh(tmp_path: Path) -> N
         longer[0].to_sequence()
 
 
+def test_preference_prompts_are_user_messages_through_the_template(qwen: Path,
+                                                                    tmp_path: Path) -> None:
+    from agentrt.policies.chat import policy_chat
+    from agentrt.workloads.prompts.config import DataConfig
+    from agentrt.workloads.prompts.preference_data import load_preference_data
+
+    tokenizer = tokenizer_of(qwen)
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "2+2=", "chosen": "4", "rejected": "5"}\n')
+    chat = policy_chat(config(PolicyConfig, {"system": SYSTEM}), tokenizer)
+    [ex], _ = load_preference_data(DataConfig(path=str(path), eval_fraction=0.0), tokenizer,
+                                   False, chat=chat)
+    want = expected(tokenizer, [{"role": "system", "content": SYSTEM}, user("2+2=")])
+    assert ex.prompts == [want, want]
+
+
 def test_serving_chat_request_is_apply_chat_template(qwen: Path) -> None:
     tokenizer = tokenizer_of(qwen)
     messages = [{"role": "system", "content": SYSTEM}, user("Say hi."),
@@ -251,9 +268,11 @@ def test_check_config_prints_the_rendered_first_prompt(qwen: Path, tmp_path: Pat
                       f"{qwen}}}\n  system: {SYSTEM}\n  template: {template}\n")
     result = CliRunner().invoke(app, ["check-config", str(config)])
     assert result.exit_code == 0, result.output
-    head, _, shown = result.output.partition("# first prompt of arith (task arithmetic), ")
-    assert f"<|im_start|>system\n{SYSTEM}<|im_end|> \n<|im_start|>user\n" in shown
-    assert shown.endswith("<|im_end|> \n<|im_start|>assistant\n\n")
+    resolved, _, shown = result.output.partition("# first prompt of arith (task arithmetic), ")
+    assert yaml.safe_load(result.output)["policy"]["system"] == SYSTEM  # still YAML
+    text = "\n".join(line[4:] for line in shown.splitlines()[1:])
+    assert text.startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|> \n<|im_start|>user\n")
+    assert text.endswith("<|im_end|> \n<|im_start|>assistant\n")
     league = tmp_path / "league.yaml"
     league.write_text(f"policies:\n  - id: lm\n    model: {{path: {qwen}}}\n"
                       f"envs:\n  - id: TicTacToe-v0\n")
@@ -261,3 +280,8 @@ def test_check_config_prints_the_rendered_first_prompt(qwen: Path, tmp_path: Pat
     assert result.exit_code == 0, result.output
     assert "# first prompt of lm (TicTacToe-v0 as player_0)" in result.output
     assert "You are Qwen, created by Alibaba Cloud." in result.output
+    decompose = Path(__file__).parents[1] / "examples" / "decompose_wordchain.yaml"
+    result = CliRunner().invoke(app, ["check-config", str(decompose)])
+    assert result.exit_code == 0, result.output
+    assert "# first prompt of planner (planner of the first wordchain task)" in result.output
+    assert "\n# | <bos>plan: " in result.output  # a preset: no chat template, as before

@@ -172,7 +172,7 @@ LIGHT_CHECK = textwrap.dedent("""
     import json, sys, time
     t0 = time.perf_counter()
     from agentrt.cli import main
-    sys.argv, code = ["agentrt", "check-config", sys.argv[1]], 0
+    sys.argv, code = ["agentrt", "check-config", "--no-prompt", sys.argv[1]], 0
     try:
         main()
     except SystemExit as exc:
@@ -184,8 +184,9 @@ LIGHT_CHECK = textwrap.dedent("""
 
 @pytest.mark.parametrize("case", ["ttt_league.yaml", "decompose_wordchain.yaml", "bad_reward"])
 def test_check_imports_nothing_heavy(case: str, tmp_path: Path) -> None:
-    """A fresh interpreter checks a config without torch, transformers, Ray or matplotlib; the
-    time it took is reported (not asserted: the machine may be busy)."""
+    """A fresh interpreter checks a config without torch, transformers, Ray or matplotlib
+    (--no-prompt: the first prompts need the tokenizers); the time it took is reported (not
+    asserted: the machine may be busy)."""
     path = ROOT / "examples" / case
     if case == "bad_reward":
         path = tmp_path / "bad.yaml"

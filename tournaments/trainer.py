@@ -61,11 +61,13 @@ class Teacher:
         eos = self.lm.tokenizer.eos_token_id
         actions = self.scripted.act(requests)  # the tick's prompts and moves: a call each
         moves = self.lm.encode_many([a.text for a in actions])
-        for req, action, prompt, move in zip(requests, actions, self.lm.prompts_ids(requests),
-                                             moves):
+        prompts, chats = self.lm.render(requests)
+        for req, action, prompt, chat, move in zip(requests, actions, prompts, chats, moves):
             response = move + [eos]
             turn = Turn(prompt, response, [0.0] * len(response), role=req.agent,
-                        policy_id=self.policy_id)
+                        policy_id=self.policy_id, info={"action": action.text})
+            if chat is not None:  # the next prompt extends this conversation
+                turn.info["chat"] = chat
             out.append(Action(action.text, turn))
         return out
 

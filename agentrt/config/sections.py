@@ -155,7 +155,7 @@ class PolicyConfig(Section):
         "auto", description="Chat template of the policy's prompts: auto (the tokenizer's "
         "chat_template when it has one; the byte-level preset models have none), none (plain "
         "text templates), or a Jinja chat template (its text, or a file holding it) "
-        "(docs/configuration.md#chat-templates).")
+        "(docs/envs.md, Chat templates).")
     system: str | None = Field(
         None, description="System message put first in every prompt when a chat template "
         "renders them; None: no system message.")

@@ -5,7 +5,8 @@
 read before a run starts: for ``train``, the policy's prompt of the task's first training
 example (a Redis stream's prompts arrive at run time: none); for ``tournament``, each LM policy's
 prompt at the first turn of the first env (its memory context left out: the bank is empty before
-the run). The prompts are the ones :class:`agentrt.policies.lm.LMPolicy` builds, over a
+the run); for ``decompose``, the LM planner's prompt of the first training task (a rule or single
+planner has none; the specialists' prompts follow from the plan). The prompts are the ones :class:`agentrt.policies.lm.LMPolicy` builds, over a
 tokenizer and no model.
 """
 
@@ -26,8 +27,10 @@ class FirstPrompt:
     text: str
 
     def show(self) -> str:
-        return (f"# first prompt of {self.policy} ({self.where}), {len(self.ids)} tokens:\n"
-                f"{self.text}\n")
+        """As YAML comment lines (the resolved config printed before it stays valid YAML):
+        each line of the text after ``# | ``."""
+        body = "".join(f"# | {line}\n" for line in self.text.split("\n"))
+        return f"# first prompt of {self.policy} ({self.where}), {len(self.ids)} tokens:\n{body}"
 
 
 class TokenizerEngine:
@@ -60,7 +63,7 @@ def first_prompts(kind: str, cfg: Any) -> list[FirstPrompt]:
         return _train(cfg)
     if kind == "tournament":
         return _tournament(cfg)
-    return []
+    return _decompose(cfg)
 
 
 def _shown(policy: str, where: str, ids: list[int], tokenizer: Any) -> FirstPrompt:
@@ -114,3 +117,18 @@ def _tournament(cfg: Any) -> list[FirstPrompt]:
         out.append(_shown(p.id, f"{env.id} as {request.agent}", policy.prompt_ids(request),
                           tokenizer))
     return out
+
+
+def _decompose(cfg: Any) -> list[FirstPrompt]:
+    from agentrt.decomposer.workload import CHAIN_TEMPLATE, ENV, DecomposeWorkload
+    from agentrt.policies.lm import LMPolicy
+
+    if cfg.planner.kind != "lm":
+        return []
+    workload = DecomposeWorkload(cfg)
+    request = _first_request(ENV, workload.env_kwargs("train"), 0, {"index": 0})
+    pcfg = next(p for p in cfg.policies if p.id == cfg.planner.policy)
+    tokenizer = policy_tokenizer(pcfg)
+    policy = LMPolicy(TokenizerEngine(pcfg, tokenizer), CHAIN_TEMPLATE)
+    return [_shown(pcfg.id, f"planner of the first {cfg.family.name} task",
+                   policy.prompt_ids(request), tokenizer)]
