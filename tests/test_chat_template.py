@@ -133,6 +133,29 @@ def test_train_task_prompt_is_apply_chat_template(name: str, request: Any) -> No
                                                                     add_special_tokens=False)
 
 
+def test_a_train_run_plays_and_logs_the_templated_prompts(qwen: Path, tmp_path: Path) -> None:
+    """One step of ``agentrt train``'s workload: every episode's prompt ids are the template
+    applied to [system, user(task prompt)] of some training example."""
+    from agentrt.controller.episodes import EpisodeLog
+    from agentrt.workloads.prompts.workload import Trainer
+
+    tokenizer = tokenizer_of(qwen)
+    cfg = config(TrainConfig, {
+        "seed": 0, "run_dir": str(tmp_path / "run"), "progress": False,
+        "task": {"name": "arithmetic", "train_size": 50, "eval_size": 4},
+        "policy": {"model": {"path": str(qwen)}, "system": SYSTEM,
+                   "rollout": {"sampling": {"max_new_tokens": 3}}},
+        "train": {"steps": 1, "prompts_per_step": 2, "group_size": 2},
+        "eval": {"every": 100}, "checkpoint": {"every": 100}})
+    Trainer(cfg).run()
+    source = open_source(cfg.task, cfg.seed)
+    allowed = {tuple(expected(tokenizer, [{"role": "system", "content": SYSTEM},
+                                          user(ex.prompt)])) for ex in source.train}
+    played = list(EpisodeLog(cfg.run_dir))
+    assert len(played) == 4
+    assert all(tuple(e.prompt_ids) in allowed for e in played)
+
+
 def test_league_first_and_later_prompts_are_apply_chat_template(qwen: Path) -> None:
     """A real TicTacToe game of the model against itself (greedy, invalid moves retried, so an
     agent's later prompts extend its earlier ones): every prompt equals the template applied
@@ -218,6 +241,20 @@ def test_preference_prompts_are_user_messages_through_the_template(qwen: Path,
                                    False, chat=chat)
     want = expected(tokenizer, [{"role": "system", "content": SYSTEM}, user("2+2=")])
     assert ex.prompts == [want, want]
+
+
+def test_sft_demonstrations_start_with_the_templated_prompt(qwen: Path) -> None:
+    from agentrt.envs.tasks import Example
+    from agentrt.policies.chat import policy_chat
+    from agentrt.workloads.prompts.data.sources import chat_prompt
+    from agentrt.workloads.prompts.workload import demonstrations
+
+    tokenizer = tokenizer_of(qwen)
+    chat = policy_chat(config(PolicyConfig, {}), tokenizer)
+    [demo] = demonstrations(tokenizer, [Example(chat_prompt(chat, "2+2="), "4")], bos=False)
+    turn = demo.turns[0]
+    assert turn.prompt_ids == expected(tokenizer, [user("2+2=")])  # no second bos or system
+    assert turn.response_ids == tokenizer.encode("4<|im_end|>", add_special_tokens=False)
 
 
 def test_serving_chat_request_is_apply_chat_template(qwen: Path) -> None:
