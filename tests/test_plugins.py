@@ -153,6 +153,7 @@ def test_import_option_and_entry_point(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "unknown env 'Nim-v0'" in proc.stderr
     proc = agentrt("check-config", str(config), "--import", "nim_plugin", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
+    assert "# first prompt of lm (Nim-v0 as player_0)" in proc.stdout  # the plugin env's
     proc = agentrt("check-config", str(config), "--import", "nim_plugn", cwd=tmp_path, env=env)
     assert proc.returncode == 2 and "imports: cannot import 'nim_plugn'" in proc.stderr
     # What `pip install examples/plugin_pkg` leaves in site-packages: the package's metadata
@@ -163,7 +164,7 @@ def test_import_option_and_entry_point(tmp_path: Path) -> None:
                                    "Version: 0.1.0\n")
     (dist / "entry_points.txt").write_text("[agentrt.core.plugins]\nnim = nim_plugin\n")
     env["PYTHONPATH"] = f"{PLUGIN}:{tmp_path / 'site'}"
-    proc = agentrt("check-config", str(config), cwd=tmp_path, env=env)
+    proc = agentrt("check-config", "--no-prompt", str(config), cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
 
 
