@@ -35,6 +35,8 @@ from agentrt.core.errors import AgentrtError, ModelLoadError
 from agentrt.policies.models import check_model_folder
 from agentrt.runtime.rollout.adapters import Adapter, AdapterRegistry
 from agentrt.runtime.rollout.hf import Completion
+from agentrt.runtime.rollout.vllm_archs import (check_architecture, engine_has_head,
+                                                 read_config, sync_items)
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +155,9 @@ class VLLMRollout:
         except ImportError as exc:
             raise RolloutStartError(f"rollout.backend 'vllm' needs the vllm package ({exc}); "
                                     f"{INSTALL_HINT}") from None
+        refused = check_architecture(self.model_path, read_config(self.model_path))
+        if refused is not None:
+            raise RolloutStartError(refused)
         from vllm.platforms import current_platform
 
         self.sleep_supported = sleep_mode(self.cfg.sleep, colocated,
@@ -165,6 +170,7 @@ class VLLMRollout:
         # Adapter folders go with the engine, also when it is never closed (runs at exit too).
         self._remove_store = weakref.finalize(self, shutil.rmtree, self.adapters.root, True)
         self.is_cpu = current_platform.is_cpu()
+        self.has_head = engine_has_head(self.llm)
         eos = self.llm.get_tokenizer().eos_token_id
         self.eos_id = int(eos) if eos is not None else None
 
@@ -288,8 +294,8 @@ class VLLMRollout:
                 model's ``load_weights`` maps them to vLLM's fused layout. Passed by reference.
             version: The trainer's weight version after the step; stored in ``self.version``.
         """
-        items = list(named_tensors.items() if isinstance(named_tensors, Mapping)
-                     else named_tensors)
+        items = sync_items(list(named_tensors.items() if isinstance(named_tensors, Mapping)
+                                else named_tensors), self.has_head)
         if self._asleep:
             self.wake_up()
         start = time.perf_counter()
