@@ -1,4 +1,4 @@
-"""A decode loop for Llama-type models with a pre-allocated KV cache and sampling on tensors.
+"""A decode loop for rotary decoder-only models (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3) with a pre-allocated KV cache and sampling on tensors.
 
 ``model.generate`` pays per token for what a rollout does not need: a cache grown by copies
 (``torch.cat``), logits processors and stopping criteria as Python objects, all logits kept for
@@ -9,8 +9,11 @@ one forward of the new tokens per step against a cache allocated once (prompt wi
 It calls the model's own submodules (embedding, norms, projections, MLP, rotary embedding), so
 peft LoRA layers, peft's ``disable_adapter`` and weights swapped in by pointer (frozen snapshots)
 all apply as in ``generate``; only attention and the cache are its own (with ``compile``, the
-decode step of one model's weights is compiled: :mod:`agentrt.runtime.rollout.compiled`). Models it does
-not know (:func:`unsupported_reason`) fall back to ``generate``.
+decode step of one Llama-layout model's weights is compiled: :mod:`agentrt.runtime.rollout.compiled`).
+Each family's differences from Llama's layer (q/k norms, fused projections, Gemma's extra norms,
+sliding windows, soft-capping, partial rotary) are read from its modules by
+:mod:`agentrt.runtime.rollout.families`. Models it does not know (:func:`unsupported_reason`) fall
+back to ``generate``.
 
 One call may also decode rows of several policies at once (``adapters=``, a league tick's learner
 and snapshots): LoRA adapters as one mixed batch over the shared base
@@ -33,32 +36,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from agentrt.config.rollout import SamplingConfig
-from agentrt.runtime.rollout import kernels
-from agentrt.runtime.rollout.compiled import CompiledStep, plain_plan, rotate_half
+from agentrt.runtime.rollout import families
+from agentrt.runtime.rollout.compiled import CompiledStep, plain_plan
+from agentrt.runtime.rollout.families import Extras, base_model
 from agentrt.runtime.rollout.plan import GroupedLinear, GroupedNorm, MixedRows, Projection, _Module
 
 COMPACT_FRACTION = 0.25  # drop finished rows once this share of the active batch has finished
 
 
-def base_model(model: nn.Module) -> nn.Module:
-    """The causal LM under a peft wrapper (its linears carry the LoRA layers), else ``model``."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 def unsupported_reason(model: nn.Module) -> str | None:
-    """Why the static decoder cannot run ``model`` (None when it can)."""
-    base = base_model(model)
-    cfg = getattr(base, "config", None)
-    if getattr(cfg, "model_type", None) != "llama":
-        return f"model type {getattr(cfg, 'model_type', type(base).__name__)!r} is not 'llama'"
-    if getattr(cfg, "pretraining_tp", 1) != 1:
-        return "pretraining_tp > 1"
-    inner = getattr(base, "model", None)
-    if not all(hasattr(inner, n) for n in ("embed_tokens", "layers", "norm", "rotary_emb")) or \
-            not all(hasattr(layer.mlp, n) for layer in inner.layers
-                    for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-        return "the model does not have Llama's module layout"
-    return None
+    """Why the static decoder cannot run ``model`` (None when it can; see
+    :func:`~agentrt.runtime.rollout.families.describe`)."""
+    family = families.describe(model)
+    return family if isinstance(family, str) else None
 
 
 def top_k_top_p(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -109,24 +99,26 @@ def _prefill_mask(valid: torch.Tensor) -> torch.Tensor:
 
 
 class StaticDecoder:
-    """Batched generation with per-token log-probs for one Llama-type module.
+    """Batched generation with per-token log-probs for one causal LM module.
 
     Args:
-        model: A Llama causal LM, plain or peft-wrapped (checked by :func:`unsupported_reason`).
+        model: A causal LM of a family the decoder runs, plain or peft-wrapped (checked by
+            :func:`unsupported_reason`).
         pad_id: Emitted by rows after they finished.
         eos_id: Ends a row.
         autocast_dtype: ``torch.bfloat16`` for bf16 autocast (the KV cache is kept in it too:
             autocast computes attention in it anyway), None for the model's dtype.
         compile: Decode steps of one model's own weights through torch.compile
-            (:mod:`agentrt.runtime.rollout.compiled`; ``policy.compile``).
+            (:mod:`agentrt.runtime.rollout.compiled`; ``policy.compile``): Llama's layer
+            only, other families run the eager step.
     """
 
     def __init__(self, model: nn.Module, pad_id: int, eos_id: int,
                  autocast_dtype: torch.dtype | None = None, compile: bool = False) -> None:
-        reason = unsupported_reason(model)
-        if reason is not None:
-            raise ValueError(f"the static decoder cannot run this model: {reason}")
-        self.model = model
+        family = families.describe(model)
+        if isinstance(family, str):
+            raise ValueError(f"the static decoder cannot run this model: {family}")
+        self.model, self.family = model, family
         self.pad_id, self.eos_id = pad_id, eos_id
         self.autocast_dtype = autocast_dtype
         cfg = base_model(model).config
@@ -134,7 +126,7 @@ class StaticDecoder:
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.step = (CompiledStep(base_model(model).model, self.n_heads, self.n_kv, self.head_dim)
-                     if compile else None)
+                     if compile and family.llama else None)
 
     @torch.inference_mode()
     def generate(self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingConfig,
@@ -226,8 +218,9 @@ class StaticDecoder:
         rows = torch.arange(batch, device=device)  # full-batch index of each active row
         alive = torch.ones(batch, dtype=torch.bool, device=device)
         mixed = None if order is None else MixedRows(adapters, order, device)
-        decode = (self.step.bind(plan) if self.step and order is None and plain_plan(plan)
-                  else self._forward)
+        compiled = (self.step is not None and order is None and plain_plan(plan) and all(
+            e.window is None or e.window >= width + steps for e in plan.extras))
+        decode = self.step.bind(plan) if compiled else self._forward
         for t in range(steps):
             token, logp = self._sample(logits, sampling)
             token = token.masked_fill(~alive, self.pad_id)  # finished rows emit pad
@@ -276,30 +269,28 @@ class StaticDecoder:
         inner = base_model(self.model).model
         b, s = tokens.shape
         h = plan.embed(tokens, adapters)
-        cos, sin = inner.rotary_emb(h, pos)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        groups = self.n_heads // self.n_kv
-        for layer, (in_norm, qkv, o_proj, post_norm, gate_up, down), (k_cache, v_cache) in zip(
-                inner.layers, plan.layers, caches):
+        rotary = families.rotary(inner, h, pos, plan.extras)
+        masks = {None: attend}  # per sliding window, ``attend`` with the keys beyond it masked
+        for layer, (in_norm, qkv, o_proj, mlp_norm, gate_up, down), extra, (k_cache, v_cache) in \
+                zip(inner.layers, plan.layers, plan.extras, caches):
             y = qkv(in_norm(h, adapters), adapters)  # [b, s, (heads + 2 kv heads) x head_dim]
-            qk_width = (self.n_heads + self.n_kv) * self.head_dim
-            qk = y[..., :qk_width].view(b, s, -1, self.head_dim).transpose(1, 2)
-            qk = qk * cos + rotate_half(qk) * sin  # rotary embedding of q and k at once
-            q, k = qk[:, :self.n_heads], qk[:, self.n_heads:]
+            q, k = families.queries_keys(y, extra, *rotary[extra.rotary], self.n_heads,
+                                         self.n_kv, self.head_dim)
             k_cache[:, :, start:start + s] = k
-            v_cache[:, :, start:start + s] = y[..., qk_width:].view(
-                b, s, self.n_kv, self.head_dim).transpose(1, 2)
-            if kernels.runs(q, k_cache):
-                o = kernels.cache_attention(q.to(k_cache.dtype), k_cache, v_cache, attend,
-                                            layer.self_attn.scaling)
-            else:
-                o = F.scaled_dot_product_attention(
-                    q, k_cache[:, :, :start + s], v_cache[:, :, :start + s], attn_mask=attend,
-                    scale=layer.self_attn.scaling, enable_gqa=groups > 1)
-            h = h + o_proj(o.transpose(1, 2).reshape(b, s, -1), adapters)
-            gate, up = gate_up(post_norm(h, adapters), adapters).chunk(2, dim=-1)
-            h = h + down(layer.mlp.act_fn(gate) * up, adapters)
-        return plan.head(plan.norm(h[:, -1], adapters), adapters)
+            v_cache[:, :, start:start + s] = y[..., (self.n_heads + self.n_kv) * self.head_dim:
+                                               ].view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
+            if extra.window not in masks:
+                masks[extra.window] = families.windowed(attend, extra.window)
+            o = families.attention(q, k_cache, v_cache, masks[extra.window],
+                                   layer.self_attn.scaling, extra.softcap)
+            o = o_proj(o.transpose(1, 2).reshape(b, s, -1), adapters)
+            h = h + (o if extra.attn_out is None else extra.attn_out(o))
+            gate, up = gate_up(mlp_norm(h, adapters), adapters).chunk(2, dim=-1)
+            o = down(getattr(layer.mlp, self.family.act)(gate) * up, adapters)
+            h = h + (o if extra.mlp_out is None else extra.mlp_out(o))
+        logits = plan.head(plan.norm(h[:, -1], adapters), adapters)
+        cap = self.family.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def _plan(self, dtype: torch.dtype, order: dict[str, int] | None = None,
               rows: int = 256) -> Plan:
@@ -313,14 +304,16 @@ class StaticDecoder:
         def proj(*modules: nn.Module) -> Projection:
             return Projection(list(modules), dtype, names, rows)
 
+        fam = self.family
         for layer in base.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             layers.append((_Module(layer.input_layernorm),
-                           proj(attn.q_proj, attn.k_proj, attn.v_proj), proj(attn.o_proj),
-                           _Module(layer.post_attention_layernorm),
-                           proj(mlp.gate_proj, mlp.up_proj), proj(mlp.down_proj)))
+                           proj(*(getattr(attn, n) for n in fam.qkv)), proj(attn.o_proj),
+                           _Module(getattr(layer, fam.mlp_norm)),
+                           proj(*(getattr(mlp, n) for n in fam.gate_up)), proj(mlp.down_proj)))
         return Plan(_Module(base.model.embed_tokens, lora=True), layers,
-                    _Module(base.model.norm), proj(base.lm_head))
+                    _Module(base.model.norm), proj(base.lm_head),
+                    families.extras(self.model, fam))
 
     def _grouped_plan(self, dtype: torch.dtype, names: list[str],
                       frozen: dict[str, dict[str, torch.Tensor]], device: torch.device) -> Plan:
@@ -340,36 +333,44 @@ class StaticDecoder:
                                   for ws in zip(*per_key)])
 
         eps = base.model.norm.variance_epsilon
+        fam = self.family
         layers = []
         for i in range(len(base.model.layers)):
             at = f"model.layers.{i}."
             layers.append((GroupedNorm(each(at + "input_layernorm.weight"), eps),
-                           linear(at + "self_attn.q_proj", at + "self_attn.k_proj",
-                                  at + "self_attn.v_proj"),
+                           linear(*(at + "self_attn." + n for n in fam.qkv)),
                            linear(at + "self_attn.o_proj"),
                            GroupedNorm(each(at + "post_attention_layernorm.weight"), eps),
-                           linear(at + "mlp.gate_proj", at + "mlp.up_proj"),
+                           linear(*(at + "mlp." + n for n in fam.gate_up)),
                            linear(at + "mlp.down_proj")))
         embed = each("model.embed_tokens.weight")
         # tied weights are one parameter, named by the embedding alone
         head = each("lm_head.weight") if "lm_head.weight" in live else embed
         return Plan(GroupedLinear(embed, F.embedding), layers,
                     GroupedNorm(each("model.norm.weight"), eps),
-                    GroupedLinear([w.to(dtype) for w in head]))
+                    GroupedLinear([w.to(dtype) for w in head]), families.extras(self.model, fam))
 
 
 def grouped_unsupported(model: nn.Module) -> str | None:
     """Why the static decoder cannot run a full-weight batch of ``model`` (``frozen=``): it
-    needs every projection a plain bias-free ``nn.Linear`` (None when it can)."""
-    reason = unsupported_reason(model)
-    if reason is not None:
-        return reason
+    needs Llama's layer up to fused projections (Llama, Mistral, Phi-3): a plain embedding,
+    Llama's RMSNorm and no other norm, every projection a plain bias-free ``nn.Linear`` (None
+    when it can). Callers run each snapshot on its own instead (``SharedModel.generate_many``)."""
+    family = families.describe(model)
+    if isinstance(family, str):
+        return family
     if base_model(model) is not model:
         return "a peft model batches its adapters instead (adapters= without frozen=)"
-    for layer in model.model.layers:
-        for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
-                  layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj,
-                  layer.mlp.down_proj):
+    inner = model.model
+    if family.qk_norm or family.out_norms or type(inner.embed_tokens) is not nn.Embedding or \
+            not hasattr(inner.norm, "variance_epsilon"):
+        return (f"a full-weight batch runs Llama's embedding and norms only; model type "
+                f"{model.config.model_type!r} has others (q/k norms, Gemma's scaled embedding "
+                "and norms)")
+    for layer in inner.layers:
+        for m in [layer.self_attn.o_proj, layer.mlp.down_proj] + [
+                getattr(layer.self_attn, n) for n in family.qkv] + [
+                getattr(layer.mlp, n) for n in family.gate_up]:
             if type(m) is not nn.Linear or m.bias is not None:
                 return "a projection is not a plain bias-free nn.Linear"
     return None
@@ -378,9 +379,11 @@ def grouped_unsupported(model: nn.Module) -> str | None:
 @dataclass
 class Plan:
     """What one generate call computes with: the embedding, per layer (norm, q/k/v, o, norm,
-    gate/up, down), the final norm and the LM head, each called as ``step(x, rows)``."""
+    gate/up, down), the final norm and the LM head, each called as ``step(x, rows)``; per layer
+    its differences from Llama's (:class:`~agentrt.runtime.rollout.families.Extras`)."""
 
     embed: Any
     layers: list[tuple[Any, Any, Any, Any, Any, Any]]
     norm: Any
     head: Any
+    extras: list[Extras]
