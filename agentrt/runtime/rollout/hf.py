@@ -3,7 +3,8 @@
 The hybrid engine serves its trainable module through this class, so rollout sees every update
 with no copy; frozen snapshots (league opponents) wrap their own frozen module the same way.
 Models of the families the static decoder runs (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3)
-decode with :class:`~agentrt.runtime.rollout.static.StaticDecoder` (a pre-allocated KV cache, sampling and log-probs on tensors, finished rows dropped); other models, or
+decode with :class:`~agentrt.runtime.rollout.static.StaticDecoder` (a pre-allocated KV cache,
+sampling and log-probs on tensors, finished rows dropped); other models, or
 ``decode="hf"``, use ``model.generate``. Both give the same greedy tokens and the same log-probs;
 sampled tokens follow the same distribution from another random stream (docs/rollout.md).
 """
