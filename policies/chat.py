@@ -82,14 +82,15 @@ class Chat:
         return self.encode(self.text(messages))
 
     def extend(self, messages: Messages, response_ids: list[int], response: str, user: str
-               ) -> tuple[Messages, list[int] | None]:
+               ) -> tuple[Messages, str | None]:
         """The next user turn of a conversation whose last prompt was ``messages`` and whose
         answer was ``response_ids`` (decoded: ``response``).
 
-        Returns ``(messages + [assistant, user], suffix)``: ``suffix`` is the ids that follow the
-        previous prompt and response ids (the end of the assistant turn, the user message, the
-        generation prompt), or None when the template does not render the longer conversation
-        as an extension of the shorter (a template that rewrites earlier turns, such as one that
+        Returns ``(messages + [assistant, user], suffix)``: ``suffix`` is the text whose ids
+        (:meth:`encode`) follow the previous prompt and response ids (the end of the assistant
+        turn, the user message, the generation prompt; it starts at a special token, so it
+        encodes as it would inside the whole text), or None when the template does not render
+        the longer conversation as an extension of the shorter (a template that rewrites earlier turns, such as one that
         drops the reasoning of earlier answers): the caller then renders the whole conversation
         afresh and the turn trains as its own sequence.
         """
@@ -106,7 +107,7 @@ class Chat:
             # it is in the ids already
             end = self.tokenizer.convert_ids_to_tokens(response_ids[-1])
             suffix = suffix[len(end):] if suffix.startswith(end) else suffix
-        return longer, self.encode(suffix)
+        return longer, suffix
 
 
 def chat_of(tokenizer: Any, template: str = AUTO, system: str | None = None) -> Chat | None:

@@ -167,23 +167,22 @@ class LMPolicy:
                       contexts: list[list[int] | None]) -> tuple[list[list[int]], list[Messages]]:
         """Prompts through the chat template (module docstring): a first turn renders the
         conversation, a later one extends the previous prompt and response ids."""
-        texts = decode_texts(self.tokenizer, [list(c or []) for c in contexts])
-        out, chats = [], []
-        for req, memory in zip(requests, texts):
+        memories = decode_texts(self.tokenizer, [list(c or []) for c in contexts])
+        heads, texts, chats = [], [], []
+        for req, memory in zip(requests, memories):
             tpl = self.template(req.env_name)
             user = (memory + tpl.render(req)).strip()
-            prev = req.previous
+            prev, head, text = req.previous, [], None
             if tpl.continues(req) and prev is not None and "chat" in prev.info:
-                messages, suffix = chat.extend(prev.info["chat"], prev.response_ids,
-                                               str(prev.info.get("action", "")), user)
-                ids = (prev.prompt_ids + prev.response_ids + suffix if suffix is not None
-                       else chat.ids(messages))
+                messages, text = chat.extend(prev.info["chat"], prev.response_ids,
+                                             str(prev.info.get("action", "")), user)
+                head = [] if text is None else prev.prompt_ids + prev.response_ids
             else:
                 messages = [{"role": "user", "content": user}]
-                ids = chat.ids(messages)
-            out.append(ids)
+            heads.append(head)
+            texts.append(chat.text(messages) if text is None else text)
             chats.append(messages)
-        return out, chats
+        return [h + ids for h, ids in zip(heads, self.encode_many(texts))], chats
 
     @property
     def joint_key(self) -> Any:
