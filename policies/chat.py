@@ -88,8 +88,8 @@ class Chat:
 
         Returns ``(messages + [assistant, user], suffix)``: ``suffix`` is the text whose ids
         (:meth:`encode`) follow the previous prompt and response ids (the end of the assistant
-        turn, the user message, the generation prompt; it starts at a special token, so it
-        encodes as it would inside the whole text), or None when the template does not render
+        turn, the user message, the generation prompt; in ChatML and Llama-3 it starts at a special
+        token, so it encodes as it would inside the whole text), or None when the template does not render
         the longer conversation as an extension of the shorter (a template that rewrites earlier turns, such as one that
         drops the reasoning of earlier answers): the caller then renders the whole conversation
         afresh and the turn trains as its own sequence.
