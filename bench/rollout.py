@@ -30,6 +30,8 @@ Speed figures depend on what else runs on the machine: only the ratios of one ru
 Run:  .venv/bin/python bench/rollout.py                      (about 6-8 minutes on 2 cores)
       .venv/bin/python bench/rollout.py --sizes llama-tiny   (quick look)
       .venv/bin/python bench/rollout.py --decode             (about 8 minutes on 2 cores)
+      .venv/bin/python bench/rollout.py --arch all [--rounds 7 --size tiny --dtype fp32]
+          (every architecture against Llama, bench/rollout_arch.py; about 1 minute)
 """
 
 from __future__ import annotations
@@ -53,14 +55,10 @@ from agentrt.runtime.learner import Learner
 from agentrt.policies.models import build_model
 from agentrt.runtime.rollout.vllm_backend import VLLMRollout
 from agentrt.core.types import Trajectory, Turn, collate
+from rollout_arch import uniform_prompts  # bench/rollout_arch.py: --arch
 
 VLLM_CFG = VLLMConfig(kv_cache_gib=0.5, max_model_len=1024, max_num_seqs=128)
 DECODE_GRID = [(batch, new) for batch in (64, 256) for new in (6, 32)]
-
-
-def uniform_prompts(n: int, length: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[1] + [rng.randrange(3, 259) for _ in range(length - 1)] for _ in range(n)]
 
 
 def timed(fn, *args, **kwargs) -> tuple[float, object]:
@@ -255,9 +253,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="--decode: interleaved rounds per setting (the median is kept)")
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--arch", help="all, or architectures (qwen2,gemma2): each one's "
+                        "rollout tokens/s against Llama's at one size (bench/rollout_arch.py)")
+    parser.add_argument("--size", default="tiny", help="--arch: the presets' size")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="--arch: policy.model.dtype")
+    parser.add_argument("--json", help="--arch: also write every round and the machine here")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
+    if args.arch:
+        import rollout_arch
+
+        return rollout_arch.main(args)
     workdir = Path(tempfile.mkdtemp(prefix="agentrt-bench-rollout-"))
     if args.decode:
         try:
