@@ -259,6 +259,8 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help="--arch: policy.model.dtype")
     parser.add_argument("--json", help="--arch: also write every round and the machine here")
+    parser.add_argument("--profile", action="store_true",
+                        help="--arch: also count each one's aten calls in one workload")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)

@@ -16,7 +16,9 @@
   less), and the ratio to Llama (median of the per-round ratios, wall and CPU), with the
   parameter counts: every preset of one size has the same width, depth, heads and vocabulary,
   but the layers differ (GPT-2/NeoX: no gate projection; Qwen2: q/k/v biases; Gemma: two more
-  norms a layer and a tied head), so the counts differ a little.
+  norms a layer and a tied head), so the counts differ a little;
+* with ``--profile``, one more workload per architecture under the torch profiler: the aten
+  calls it makes (the same on every run) and their own CPU time.
 
 The goal (issue 37): within 1.3x of Llama on the static path for all but the named exceptions.
 """
@@ -103,11 +105,25 @@ def one_run(learner: Learner, prompts: list[list[int]], sampling: SamplingConfig
             "tok_cpu_s": tokens / cpu}
 
 
+def op_counts(learner: Learner, prompts: list[list[int]], sampling: SamplingConfig
+              ) -> dict[str, float]:
+    """One workload under the torch profiler: aten calls made and their own CPU time (what the
+    kernels cost, without the Python and dispatch around them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        learner.generate(prompts, sampling)
+    events = prof.key_averages()
+    return {"aten_calls": sum(e.count for e in events),
+            "kernel_cpu_ms": sum(e.self_cpu_time_total for e in events) / 1e3}
+
+
 def bench_archs(archs: list[str], size: str = "tiny", dtype: str = "fp32", rounds: int = 5,
-                workdir: Path | None = None, batch: int = 64, new_tokens: int = 32
-                ) -> dict[str, dict[str, Any]]:
+                workdir: Path | None = None, batch: int = 64, new_tokens: int = 32,
+                profile: bool = False) -> dict[str, dict[str, Any]]:
     """Per architecture (llama first): path, reason, parameters, parity, every round's run, and
-    the medians and ratios to Llama. ``workdir`` gets the built models."""
+    the medians and ratios to Llama; with ``profile``, :func:`op_counts` after the rounds.
+    ``workdir`` gets the built models."""
     import tempfile
 
     archs = ["llama"] + [a for a in archs if a != "llama"]
@@ -123,7 +139,9 @@ def bench_archs(archs: list[str], size: str = "tiny", dtype: str = "fp32", round
             row["runs"].append(one_run(row["learner"], prompts, sampling))
     ref = rows["llama"]["runs"]
     for row in rows.values():
-        row.pop("learner")
+        learner = row.pop("learner")
+        if profile:
+            row.update(op_counts(learner, prompts, sampling))
         runs = row["runs"]
         row["tok_s"] = statistics.median(r["tok_s"] for r in runs)
         row["tok_cpu_s"] = statistics.median(r["tok_cpu_s"] for r in runs)
@@ -158,6 +176,10 @@ def report(rows: dict[str, dict[str, Any]], settings: dict[str, Any]) -> None:
     print("\nevery round, tokens/s (wall):")
     for a, r in rows.items():
         print(f"  {a:10s}" + " ".join(f"{x['tok_s']:7.0f}" for x in r["runs"]))
+    if "aten_calls" in rows["llama"]:
+        print("\none workload under the torch profiler (aten calls, their own CPU ms):")
+        for a, r in rows.items():
+            print(f"  {a:10s}{r['aten_calls']:8d}{r['kernel_cpu_ms']:9.1f}")
     for a, r in rows.items():
         if r["reason"]:
             print(f"{a}: generate fallback: {r['reason']}")
@@ -171,7 +193,7 @@ def report(rows: dict[str, dict[str, Any]], settings: dict[str, Any]) -> None:
 
 def main(args: Any) -> None:
     """Runs the bench for ``args`` (bench/rollout.py's --arch, --size, --dtype, --rounds,
-    --json) and prints it; with --json, also writes every round and the machine there."""
+    --profile, --json) and prints it; with --json, also writes every round and the machine there."""
     import json
 
     settings = {"archs": parse_archs(args.arch), "size": args.size, "dtype": args.dtype,
@@ -181,7 +203,8 @@ def main(args: Any) -> None:
     print(f"commit {started['commit'][:10]}, torch {started['torch']}, threads "
           f"{started['torch_threads']}, load average {started['loadavg'][0]:.2f} "
           f"{started['loadavg'][1]:.2f} {started['loadavg'][2]:.2f}\n", flush=True)
-    rows = bench_archs(settings["archs"], args.size, args.dtype, args.rounds)
+    rows = bench_archs(settings["archs"], args.size, args.dtype, args.rounds,
+                       profile=args.profile)
     end = os.getloadavg()
     report(rows, settings)
     print(f"load average at the end {end[0]:.2f} {end[1]:.2f} {end[2]:.2f}")
