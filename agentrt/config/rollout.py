@@ -55,6 +55,7 @@ class RolloutConfig(ConfigModel):
     batch_size: int = Field(256, gt=0, description="Prompts per generate call.")
     decode: Literal["auto", "hf", "static"] = Field(
         "auto", description="HF backend's decode loop: 'static' (pre-allocated KV cache, "
-        "sampling on tensors, finished rows dropped; Llama-type models), 'hf' (model.generate), "
+        "sampling on tensors, finished rows dropped; the Llama, Mistral, Qwen2/3, Gemma 2/3 and "
+        "Phi-3 families), 'hf' (model.generate), "
         "'auto' (static where the model allows it, else hf). docs/rollout.md.")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)

@@ -54,7 +54,8 @@ class HFRollout:
         sampling: Default sampling config.
         batch_size: Prompts per ``generate`` call.
         autocast_dtype: ``torch.bfloat16`` for bf16 autocast, None for fp32.
-        decode: ``"static"`` (the static decoder; the model must be Llama-type), ``"hf"``
+        decode: ``"static"`` (the static decoder; the model must be of a family it runs,
+            :data:`~agentrt.runtime.rollout.families.FAMILIES`), ``"hf"``
             (``model.generate``) or ``"auto"`` (static where the model allows it, else hf).
         compile: The static decoder's decode steps through torch.compile (``policy.compile``).
     """
