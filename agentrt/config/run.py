@@ -15,7 +15,8 @@ from pydantic import Field, model_validator
 from agentrt.config.control import ControlConfig
 from agentrt.config.drift import DriftConfig
 from agentrt.config.export import ExportConfig
-from agentrt.config.sections import CheckpointConfig, GuardsConfig, RuntimeConfig, Section
+from agentrt.config.sections import (CheckpointConfig, GuardsConfig, PolicyConfig, RuntimeConfig,
+                                     Section)
 
 
 class AsyncRolloutConfig(Section):
@@ -66,4 +67,17 @@ class RunConfig(Section):
             if value:
                 raise ValueError(f"{path} is not supported in this kind of run: {why}; set "
                                  f"{path}: false")
+        return self
+
+    @model_validator(mode="after")
+    def _sharding_needs_ray(self) -> RunConfig:
+        if self.runtime.backend == "ray":
+            return self
+        for name, value in self:
+            for i, p in enumerate(value if isinstance(value, list) else [value]):
+                if isinstance(p, PolicyConfig) and p.resources.sharding != "none":
+                    where = f"{name}.{i}" if isinstance(value, list) else name
+                    raise ValueError(f"{where}.resources.sharding: {p.resources.sharding} shards "
+                                     "over a pool's Ray workers; set runtime.backend: ray (and "
+                                     "resources.num_workers >= 2) or resources.sharding: none")
         return self

@@ -106,6 +106,11 @@ class ResourcesConfig(Section):
     colocate_roles: bool = Field(
         True, description="Actor, reference and critic share each worker process.")
     max_restarts: int = Field(3, ge=0, description="Times Ray restarts a worker that died.")
+    sharding: Literal["none", "fsdp"] = Field(
+        "none", description="'none': every worker holds the whole model and optimizer state "
+        "(replicas, gradients all-reduced); 'fsdp': parameters, gradients and optimizer state "
+        "sharded over the workers with torch FSDP2, the rollout taking the full weights once "
+        "per update (docs/runtime.md, Sharded training). Needs runtime.backend: ray.")
 
     @model_validator(mode="after")
     def _colocated(self) -> ResourcesConfig:
@@ -178,6 +183,17 @@ class PolicyConfig(Section):
             raise ValueError("compile: not supported with lora.enabled (LoRA policies switch "
                              "adapters on one shared peft module, untested under torch.compile); "
                              "set compile: false or lora.enabled: false")
+        return self
+
+    @model_validator(mode="after")
+    def _sharding(self) -> PolicyConfig:
+        why = ("rollout.backend is vllm: the sharded trainer feeds the HF rollout only; set "
+               "rollout.backend: hf" if self.rollout.backend == "vllm" else
+               "compile is true: the sharded update runs eager; set compile: false"
+               if self.compile else None)
+        if self.resources.sharding == "fsdp" and why is not None:
+            raise ValueError(f"resources.sharding: fsdp is not supported where {why}, or "
+                             "resources.sharding: none")
         return self
 
     @model_validator(mode="after")

@@ -73,12 +73,12 @@ class ForwardPasses:
         (``algorithm.train_dropout``; SFT always); in eval mode after it. A colocated vLLM
         engine sleeps inside the block (``rollout.vllm.sleep``) and wakes before the sync."""
         if dropout:
-            self.shared.model.train()
+            self.shared.train_model.train()
         try:
             with self.shared.rollout_asleep():
                 yield
         finally:
-            self.shared.model.eval()
+            self.shared.train_model.eval()
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return autocast_for(self.device, self.shared.autocast_dtype)

@@ -37,6 +37,7 @@ from agentrt.runtime.optim import ValueModel, make_optimizer, make_scheduler, se
 from agentrt.runtime.reference import Reference
 from agentrt.runtime.rollout.hf import Completion
 from agentrt.runtime.shared_model import SharedModel
+from agentrt.runtime.sharding import full_optimizer_state, sharded_optimizer_state
 from agentrt.runtime.steps import DataParallel, chunks, old_logprobs_source, optimizer_step
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,8 @@ class Learner:
         self.reference = Reference(shared, cfg.id, self.algo)
         torch.manual_seed(seed)
         self.critic = ValueModel(self._base_lm()).to(self.device) if self.algo.critic else None
-        self.optimizer = make_optimizer(self.parameters(), cfg.optim)
-        self.scheduler = make_scheduler(self.optimizer, cfg.optim, total_steps)
+        self.total_steps = total_steps
+        self.rebuild_optimizer()
         self.critic_optimizer = (
             make_optimizer(list(self.critic.parameters()), cfg.optim, lr=self.algo.critic_lr)
             if self.critic is not None else None)
@@ -92,8 +93,9 @@ class Learner:
     # ------------------------------------------------------------------ set-up
     @property
     def model(self) -> nn.Module:
-        """The module this policy trains (shared with the other adapters of its base)."""
-        return self.shared.model
+        """The module this policy trains (shared with the other adapters of its base; the
+        sharded trainer under ``resources.sharding: fsdp``)."""
+        return self.shared.train_model
 
     @property
     def model_path(self) -> Path:
@@ -107,11 +109,18 @@ class Learner:
     def parameters(self) -> list[nn.Parameter]:
         return self.shared.parameters(self.policy_id)
 
+    def rebuild_optimizer(self) -> None:
+        """A fresh optimizer and LR schedule over the policy's parameters as they are now (a
+        sharded trainer replaced them)."""
+        self.optimizer = make_optimizer(self.parameters(), self.cfg.optim)
+        self.scheduler = make_scheduler(self.optimizer, self.cfg.optim, self.total_steps)
+
     def set_data_parallel(self, hooks: DataParallel | None) -> None:
         self.data_parallel = hooks
 
     def _base_lm(self) -> nn.Module:
-        return self.model.get_base_model() if self.is_lora else self.model
+        model = self.shared.model  # the full weights also where a sharded trainer trains
+        return model.get_base_model() if self.is_lora else model
 
     def end_warm_start(self) -> None:
         """RL begins from the warm-started weights: version 0 again, KL measured against them
@@ -256,7 +265,8 @@ class Learner:
         """Pushes the current weights into a separate rollout engine (vLLM) in place; the HF
         rollout shares them. Called after every update, and after a resume or a reset."""
         seconds = self.shared.sync(self.policy_id, self.version)
-        return {"timing_s/sync": seconds} if self.shared.vllm is not None else {}
+        timed = self.shared.vllm is not None or self.shared.trainer is not None
+        return {"timing_s/sync": seconds} if timed else {}
 
     def sft_update(self, batch: TrainBatch, optimizer: torch.optim.Optimizer) -> dict[str, float]:
         """One supervised step: token-mean cross-entropy on ``loss_mask`` tokens, dropout on."""
@@ -309,7 +319,7 @@ class Learner:
         critic, critic_opt = self.critic, self.critic_optimizer
         return {
             "model": self.trainable_state(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": full_optimizer_state(self.optimizer),  # sharded: a collective
             "scheduler": self.scheduler.state_dict(),
             "critic": critic.state_dict() if critic is not None else None,
             "critic_optimizer": critic_opt.state_dict() if critic_opt is not None else None,
@@ -321,7 +331,8 @@ class Learner:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(
+            sharded_optimizer_state(self.optimizer, state["optimizer"]))
         self.scheduler.load_state_dict(state["scheduler"])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])

@@ -108,6 +108,9 @@ class SharedModel:
         self.frozen_adapters: dict[str, str] = {}  # LoRA snapshot -> its source policy
         # the static decoder can run the policy and its full-weight snapshots as one batch
         self._grouped = not self.is_lora and grouped_unsupported(self.model) is None
+        # resources.sharding: the FSDP copy that trains (shard(); agentrt.runtime.sharding);
+        # self.model then is the rollout module, the full weights gathered once per update
+        self.trainer: nn.Module | None = None
         self.vllm: Any = None
         if cfg.rollout.backend == "vllm":
             from agentrt.runtime.rollout.vllm_backend import VLLMRollout
@@ -117,6 +120,21 @@ class SharedModel:
                                     lora_rank=cfg.lora.r if self.is_lora else None, seed=seed,
                                     sampling=cfg.rollout.sampling,
                                     colocated=self.device.type == "cuda")
+
+    @property
+    def train_model(self) -> nn.Module:
+        """The module gradients flow through: the sharded trainer, else the model itself."""
+        return self.model if self.trainer is None else self.trainer
+
+    def shard(self) -> None:
+        """Shards the training state over the pool's process group (``resources.sharding:
+        fsdp``): from now on the trainer trains and ``model`` serves the rollout and the
+        no-grad passes, taking the trainer's weights at every :meth:`sync`."""
+        from agentrt.runtime.sharding import shard
+
+        self.trainer = shard(self.model, self.device, self.is_lora)
+        if self.is_lora:
+            self.activate(self._active or next(iter(self.adapters)), force=True)
 
     # ------------------------------------------------------------------ names
     def names(self) -> list[str]:
@@ -143,6 +161,8 @@ class SharedModel:
         if not self.is_lora or name in self.frozen or (name == self._active and not force):
             return
         self.model.set_adapter(name)
+        if self.trainer is not None and name in self.adapters:
+            self.trainer.set_adapter(name)
         if name in self.frozen_adapters:
             self.model.requires_grad_(False)
         self._active = name
@@ -150,7 +170,7 @@ class SharedModel:
     def parameters(self, name: str) -> list[nn.Parameter]:
         """The parameters that training ``name`` changes."""
         self.activate(name)
-        return [p for p in self.model.parameters() if p.requires_grad]
+        return [p for p in self.train_model.parameters() if p.requires_grad]
 
     @contextlib.contextmanager
     def using(self, name: str | None) -> Iterator[nn.Module]:
@@ -188,6 +208,10 @@ class SharedModel:
             set_peft_model_state_dict(self.model, state, adapter_name=name)
         else:
             self.model.load_state_dict(state)
+        if self.trainer is not None and name in self.adapters:
+            from agentrt.runtime.sharding import scatter_from
+
+            scatter_from(self.model, self.trainer)
 
     def freeze(self, source: str, name: str, serve: bool = True) -> None:
         """Freezes ``source``'s current weights as snapshot ``name`` (``serve``: also register it
@@ -219,8 +243,15 @@ class SharedModel:
             self.vllm.remove_adapter(name)
 
     def sync(self, name: str, version: int) -> float:
-        """Pushes ``name``'s current weights into the vLLM engine (HF shares them already);
-        returns the seconds it took."""
+        """Pushes ``name``'s current weights into the vLLM engine (HF shares them already),
+        after gathering them from a sharded trainer (every worker calls it); returns the
+        seconds it took."""
+        if self.trainer is not None and name in self.adapters:
+            from agentrt.runtime.sharding import gather_into
+
+            t0 = time.perf_counter()
+            gather_into(self.trainer, self.model)
+            return time.perf_counter() - t0
         if self.vllm is None or name in self.frozen:
             return 0.0
         if not self.is_lora:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from agentrt.algos import ADVANTAGES, KL_ESTIMATORS
 from agentrt.algos.advantages import AdvantageInputs
@@ -61,6 +62,10 @@ class DataParallel(Protocol):
 
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """One value per metric for the whole batch (sums of loss shares, means otherwise)."""
+
+    def passes(self, params: list[nn.Parameter], count: int) -> int:
+        """Forward/backward passes to run for ``count`` micro-batches of this replica's own:
+        more where every pass communicates (sharded parameters) and a peer has more."""
 
 
 def advantages_from(batch: TrainBatch, algo: Any, kl_coef: float, rae_state: RAEState
@@ -129,11 +134,20 @@ def optimizer_step(batch: Any, loss_fn: Callable[..., tuple[torch.Tensor, dict]]
     optimizer.zero_grad(set_to_none=True)
     metrics: dict[str, list[float]] = defaultdict(list)
     total, finite = 0.0, True
-    for part in micro_batches(local):
-        loss, m = loss_fn(local.select(part).to(device), n_tok, n_seq)
+    parts = micro_batches(local)
+    passes = len(parts) if dp is None else dp.passes(params, len(parts))
+    lockstep = dp is not None and any(isinstance(p, DTensor) for p in params)  # sharded
+    for i in range(passes):
+        loss, m = loss_fn(local.select(parts[min(i, len(parts) - 1)]).to(device), n_tok, n_seq)
+        if i >= len(parts):  # a peer's extra pass: its collectives, no gradient of ours
+            (loss * 0.0).backward()
+            continue
         if not torch.isfinite(loss):
             finite = False
-            break
+            if not lockstep:
+                break
+            loss.backward()  # sharded: every pass communicates; the step is skipped anyway
+            continue
         loss.backward()
         total += float(loss.detach())
         for k, v in m.items():
@@ -142,7 +156,8 @@ def optimizer_step(batch: Any, loss_fn: Callable[..., tuple[torch.Tensor, dict]]
         finite = dp.sync_grads(params, finite)
     grad_norm = float("nan")
     if finite:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm or float("inf")))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or float("inf"))
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         finite = math.isfinite(grad_norm)
     out = {k: sum(v) if is_share_metric(k) else sum(v) / len(v) for k, v in metrics.items()}
     out[f"{prefix}/grad_norm"] = grad_norm

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from agentrt.runtime.allocator import keep_freed_memory
 from agentrt.config.rollout import SamplingConfig
@@ -85,6 +86,34 @@ class GlooDataParallel:
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
         return {k: float(v) if is_share_metric(k) else float(v) / self.world
                 for k, v in zip(keys, values.tolist())}
+
+    def passes(self, params: list[nn.Parameter], count: int) -> int:
+        """Forward/backward passes this replica runs for ``count`` micro-batches of its own:
+        ``count`` (replicas communicate once per optimizer step, not per pass)."""
+        return count
+
+
+class ShardedDataParallel(GlooDataParallel):
+    """Data-parallel hooks of a sharded pool (``resources.sharding: fsdp``,
+    :mod:`agentrt.runtime.sharding`): FSDP reduce-scatters the sharded gradients in the
+    backward pass, so :meth:`sync_grads` all-reduces only unsharded ones (a critic's) with the
+    NaN flag; and since every pass of the trainer communicates, every worker runs as many passes
+    as the busiest one (:meth:`passes`)."""
+
+    def sync_grads(self, params: list[nn.Parameter], finite: bool) -> bool:
+        plain = [p for p in params if not isinstance(p, DTensor)]
+        if plain:
+            return super().sync_grads(plain, finite)
+        flag = torch.tensor([0.0 if finite else 1.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.SUM)
+        return bool(flag[0] == 0.0)
+
+    def passes(self, params: list[nn.Parameter], count: int) -> int:
+        if not any(isinstance(p, DTensor) for p in params):
+            return count
+        most = torch.tensor([count], device=self.device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        return int(most[0])
 
 
 @dataclass
@@ -173,7 +202,13 @@ class PolicyWorker:
         backend = "nccl" if self.shared.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
-        self.dp = GlooDataParallel(rank, world, self.shared.device)
+        sharded = self.shared.cfg.resources.sharding == "fsdp"
+        hooks = ShardedDataParallel if sharded else GlooDataParallel
+        self.dp = hooks(rank, world, self.shared.device)
+        if sharded:  # the trainer's parameters are new tensors: new optimizers over them
+            self.shared.shard()
+            for eng in self.learners.values():
+                eng.rebuild_optimizer()
         if rank:  # replicas sample their shares of the prompts from different streams
             torch.manual_seed(torch.initial_seed() + 1_000_003 * rank)
         for eng in self.learners.values():
@@ -316,10 +351,13 @@ class PolicyWorker:
     def state_dict(self, full: bool = True) -> dict[str, Any]:
         """Learner states per policy, snapshot weights and this process's torch RNG (only the RNG
         when not ``full``: replicas hold the same weights, a checkpoint needs them once)."""
+        if not full and self.shared.trainer is None:
+            return {"rng": torch.get_rng_state()}
+        policies = {k: e.state_dict() for k, e in self.learners.items()}  # sharded: collective
         if not full:
             return {"rng": torch.get_rng_state()}
         return {
-            "policies": {k: e.state_dict() for k, e in self.learners.items()},
+            "policies": policies,
             "snapshots": {k: {"source": k.split("@")[0], "tag": k.split("@", 1)[1],
                               "version": v, "weights": self.shared.weights(k)}
                           for k, v in self.snapshots.items()},
@@ -349,6 +387,21 @@ class PolicyWorker:
         if adapter in self.snapshots:
             return self.shared.weights(adapter)
         return self._learner(adapter).trainable_state()
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of trained parameters, gradients and optimizer state this worker holds (its
+        shards where sharded), of the rollout module's separate copy of the weights, and the
+        process's peak resident memory (``max_rss``)."""
+        import resource
+
+        from agentrt.runtime.sharding import held_bytes
+
+        out = held_bytes(self.shared.train_model, [e.optimizer for e in self.learners.values()])
+        own = {id(p) for p in self.shared.train_model.parameters()}  # a LoRA base is shared
+        out["rollout_copy"] = sum(p.numel() * p.element_size()
+                                  for p in self.shared.model.parameters() if id(p) not in own)
+        out["max_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        return out
 
     def save_pretrained(self, folder: str, adapter: str | None = None) -> str:
         return str(self._learner(adapter).save_pretrained(folder))
