@@ -6,7 +6,7 @@ Each check is a real run of the command line (``agentrt train``, ``tournament ru
 with a critic and DPO on the HF rollout, GRPO on the vLLM rollout (full weights and LoRA, sleep
 mode on where vLLM has it), two non-Llama architectures, a LoRA league with a snapshot, the
 decomposer, ``serve`` answering one request from the trained run, and 2 data-parallel workers
-(NCCL) where 2 GPUs exist. It prints ``PASS|FAIL|SKIP <check> <detail>`` per check and exits 1
+(NCCL), replicas and FSDP-sharded, where 2 GPUs exist. It prints ``PASS|FAIL|SKIP <check> <detail>`` per check and exits 1
 on any FAIL. Without a CUDA device it prints one ``no CUDA device: ...`` line and exits 0.
 
     python -m agentrt.tools.gpu_check [--only train-grpo serve ...] [--steps 2] [--keep DIR]
@@ -133,6 +133,11 @@ def workers_edit(cfg: Config, s: Settings) -> None:
                                   "gpus_per_worker": 1 if s.device == "cuda" else 0}
 
 
+def sharded_edit(cfg: Config, s: Settings) -> None:
+    workers_edit(cfg, s)
+    cfg["policy"]["resources"]["sharding"] = "fsdp"
+
+
 def needs_vllm(s: Settings) -> str | None:
     try:
         import vllm  # noqa: F401
@@ -162,6 +167,7 @@ CHECKS = [
     Check("decompose", DECOMPOSE, "decompose_wordchain.yaml", decompose_edit),
     Check("serve", ["serve"], "", task_edit, needs="train-grpo"),
     Check("workers-2", TRAIN, "arith_grpo.yaml", workers_edit, requires=needs_two_gpus),
+    Check("workers-2-fsdp", TRAIN, "arith_grpo.yaml", sharded_edit, requires=needs_two_gpus),
 ]
 
 
