@@ -2,7 +2,8 @@
 :data:`~agentrt.policies.presets.ARCHITECTURES` (Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3,
 Phi-3, GPT-2, GPT-NeoX), built into a folder and loaded by ``model: {path: ...}`` as a user's
 checkpoint is, trains GRPO, PPO with a critic and DPO 2 steps, plays a 2-step league with LoRA
-snapshots, and answers a request through the serving API; packed rows give its padded log-probs.
+snapshots, trains as a decomposer's specialist 2 steps, and answers a request through the
+serving API; packed rows give its padded log-probs.
 
 Rollout takes whatever path the runtime picks for the architecture (the static decoder or
 transformers' generate); these tests hold either way.
@@ -168,6 +169,35 @@ def test_league_with_lora_snapshots(tmp_path, arch_dir):
     with MatchStore(tmp_path) as store:
         played = {key for r, _ in store.results() for key in r.match.keys}
     assert "lm" in played and played & {"lm@0", "lm@1"}
+
+
+def test_decomposer_trains_its_lm_specialist(tmp_path, arch_dir):
+    """A decomposer run whose every subtask goes to an LM specialist on the architecture (a
+    rule planner splits each word chain): 2 SFT steps on its demonstrations change its weights,
+    then it plays and is updated in each of 2 RL steps (an untrained nano model fails every
+    chain alike, so the RL gradient may be zero: finite is what is checked there)."""
+    from agentrt.decomposer.config import DecomposeConfig
+    from agentrt.decomposer.workload import Decomposer
+
+    skills = ["parse", "add", "sub", "mul", "div", "format"]
+    Decomposer(validate_config({
+        "seed": 0, "run_dir": str(tmp_path), "progress": False, "threads": 1,
+        "family": {"name": "wordchain", "train_size": 32, "eval_size": 2, "seed": 5},
+        "planner": {"kind": "rule", "max_subtasks": 4},
+        "policies": [{"id": "solver", "model": {"path": str(arch_dir)}, "skills": skills,
+                      "optim": {"lr": 1e-3},
+                      "rollout": {"sampling": {"max_new_tokens": 6}}}],
+        "chain": {"on_failure": "end"}, "sft": {"steps": 2, "batch_size": 4},
+        "train": {"steps": 2, "tasks_per_step": 2, "group_size": 2},
+        "eval": {"every": 100, "size": 2}, "checkpoint": {"every": 100},
+    }, DecomposeConfig)).run()
+    log = [r for r in rows(tmp_path) if r["step"] > 0]
+    assert [r["step"] for r in log] == [1, 2]
+    for r in log:
+        assert math.isfinite(r["actor/loss"]) and math.isfinite(r["actor/grad_norm"])
+    chains = [json.loads(line) for line in (tmp_path / "chains.jsonl").read_text().splitlines()]
+    assert chains and all(s["policy"] == "solver" for c in chains for s in c["steps"])
+    assert changed(arch_dir, tmp_path / "final" / "solver") > 0
 
 
 def test_serve_answers_a_request(arch_dir):
