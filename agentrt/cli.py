@@ -47,9 +47,10 @@ def _launch(kind: str, config: Path, set_: Optional[list[str]], imports: Optiona
 
     overrides = list(set_ or []) + ([f"run_dir={run_dir}"] if run_dir else [])
     cfg = load_checked(config, overrides, expect=kind, imports=imports or ())[1]
-    if frozen:
-        cfg = cfg.model_copy(update={"policies": tuple(
-            p.model_copy(update={"trainable": False}) for p in cfg.policies)})
+    if frozen:  # a rating-only tournament: nothing trains, every baseline plays (eval_only too)
+        cfg = cfg.model_copy(update={
+            "policies": tuple(p.model_copy(update={"trainable": False}) for p in cfg.policies),
+            "baselines": tuple(b.model_copy(update={"eval_only": False}) for b in cfg.baselines)})
     return launch(kind, cfg, "new" if new_run else resume)
 
 

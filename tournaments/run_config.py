@@ -27,7 +27,7 @@ from agentrt.memory.policy import MemoryBanksConfig, check_policy_memory
 from agentrt.policies.lm import PromptTemplate
 from agentrt.tournaments.config import ScheduleConfig, build_scheduler
 from agentrt.tournaments.types import Entrant, TournamentError
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from agentrt.config.run import LoopConfig, RunConfig
 from agentrt.config.sections import PolicyConfig, Section
@@ -48,6 +48,14 @@ def _scripted_kind(kind: str) -> str:
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
     return kind
+
+
+def _flag(value: Any) -> bool:
+    """A raw config boolean as pydantic reads it (True, "true", "yes", 1); False if it is none."""
+    try:
+        return TypeAdapter(bool).validate_python(value)
+    except ValidationError:
+        return False
 
 
 def _zero_sum(entry: Any) -> bool:
@@ -140,6 +148,9 @@ class BaselineConfig(Section):
     kind: str = Field("random", description=_KIND_HELP)
     seed: int = Field(0, description="Seed of its random choices.")
     roles: tuple[str, ...] | None = Field(None, min_length=1, description=_ROLES_HELP)
+    eval_only: bool = Field(
+        False, description="Only evaluation plays it (eval.opponents): never scheduled in "
+                           "training matches, so never rated; `tournament eval` rates it.")
 
     _kind = field_validator("kind")(_scripted_kind)
 
@@ -165,7 +176,7 @@ class LeagueEvalConfig(Section):
     games: int = Field(200, gt=0, description="Games per opponent, half in each seat.")
     opponents: tuple[str, ...] = Field(
         ("random",), description="Baseline ids to evaluate vs. (default: random when a baseline "
-                                 "has that id, else every baseline).")
+                                 "has that id, else every baseline; eval_only ones always).")
     greedy: bool = Field(False, description="Greedy decoding in evaluation games.")
 
 
@@ -195,12 +206,17 @@ class TournamentRunConfig(RunConfig):
     @classmethod
     def _default_eval_opponents(cls, data: Any) -> Any:
         """Without eval.opponents, a run with no baseline named random evaluates against every
-        baseline (rather than asking for a random baseline it would not otherwise use)."""
+        baseline (rather than asking for a random baseline it would not otherwise use), one with
+        a random baseline against it and the eval_only baselines."""
         if not isinstance(data, dict) or not isinstance(data.get("eval", {}), dict):
             return data
-        ids = [b.get("id") for b in data.get("baselines") or [] if isinstance(b, dict)]
-        if "opponents" in data.get("eval", {}) or "random" in ids:
+        entries = [b for b in data.get("baselines") or [] if isinstance(b, dict)]
+        ids = [b.get("id") for b in entries]
+        if "opponents" in data.get("eval", {}):
             return data
+        if "random" in ids:
+            ids = ["random"] + [b.get("id") for b in entries
+                                if _flag(b.get("eval_only")) and b.get("id") != "random"]
         return {**data, "eval": {**data.get("eval", {}), "opponents": ids}}
 
     @model_validator(mode="before")
@@ -247,7 +263,8 @@ class TournamentRunConfig(RunConfig):
     def entrants(self) -> list[Entrant]:
         """Policies (trainable ones learn) and baselines as tournament entrants, with roles."""
         return [Entrant(p.id, learning=p.trainable, league_role=p.league_role, roles=p.roles)
-                for p in self.policies] + [Entrant(b.id, roles=b.roles) for b in self.baselines]
+                for p in self.policies] + [Entrant(b.id, roles=b.roles) for b in self.baselines
+                                           if not b.eval_only]
 
     def env_seats(self) -> dict[str, tuple[str, ...]]:
         """Agent names in seat order per env id, read from the envs built with their kwargs."""
@@ -280,9 +297,10 @@ class TournamentRunConfig(RunConfig):
         for env, names in seats.items():
             for agent in names:
                 if all(entry.roles is not None and agent not in entry.roles
-                       for _, entry in entries):
+                       for _, entry in entries if not getattr(entry, "eval_only", False)):
                     raise ValueError(f"roles: nobody may play {agent!r} of {env} (every policy "
-                                     f"and baseline has roles without it); add {agent!r} to "
+                                     f"and scheduled baseline has roles without it; eval_only "
+                                     f"ones never play matches); add {agent!r} to "
                                      f"some roles, or leave roles unset")
         try:
             build_scheduler(self.schedule, self.entrants(), list(seats), self.seed, seats)
@@ -307,7 +325,12 @@ class TournamentRunConfig(RunConfig):
             raise ValueError(f"ids must not contain '@' or '|': {bad}")
         missing = [o for o in self.eval.opponents if o not in {b.id for b in self.baselines}]
         if missing:
-            raise ValueError(f"eval.opponents {missing} are not baseline ids")
+            raise ValueError(f"eval.opponents {missing} are not baseline ids; valid: "
+                             f"{', '.join(b.id for b in self.baselines) or 'none (add baselines)'}")
+        unused = [b.id for b in self.baselines if b.eval_only and b.id not in self.eval.opponents]
+        if unused:
+            raise ValueError(f"baselines: {unused[0]!r} is eval_only but not in eval.opponents, "
+                             "so nothing would play it; add it there or drop eval_only")
         return self
 
     @model_validator(mode="after")

@@ -43,6 +43,7 @@ from agentrt.runner.record import EpisodeRecord
 from agentrt.runtime.preference import PreferenceExample
 
 log = logging.getLogger(__name__)
+_OUTCOMES = ("win", "draw", "loss")  # eval metrics: eval/<outcome>_rate_vs_<opp>[_seat<i>]
 
 
 
@@ -220,9 +221,10 @@ class LeagueWorkload(Workload):
         (its roles) whose other seats the opponent may all take; the opponent fills every other
         seat. An opponent that can never sit opposite the learner is skipped.
 
-        Metrics: ``eval/win_rate_vs_<opp>`` (averaged over seats), ``.../seat<i>``,
-        ``eval/return_vs_<opp>`` (the learner's mean return: the deal value in Bargain-v0),
-        ``eval/draw_rate_vs_<opp>``, ``eval/invalid_rate_vs_<opp>`` (invalid moves per move);
+        Metrics: ``eval/win_rate_vs_<opp>``, ``eval/draw_rate_vs_<opp>`` and
+        ``eval/loss_rate_vs_<opp>`` (averaged over seats; each also per seat,
+        ``eval/win_rate_seat<i>_vs_<opp>``), ``eval/return_vs_<opp>`` (the learner's mean return:
+        the deal value in Bargain-v0), ``eval/invalid_rate_vs_<opp>`` (invalid moves per move);
         for preference learners also ``eval/pref_accuracy``, ``eval/pref_margin`` and
         ``eval/pref_likelihood_accuracy`` on held-out outcome pairs (:meth:`heldout_pairs`).
         """
@@ -275,26 +277,27 @@ class LeagueWorkload(Workload):
         if not records:
             return {}
         seats = max(len(a) for a in self.seats.values())
-        wins, games = [0.0] * seats, [0] * seats
-        draws = invalid = moves = returns = 0.0
+        counts = [dict.fromkeys(_OUTCOMES, 0) for _ in range(seats)]  # per seat: win/draw/loss
+        invalid = moves = returns = 0.0
         for rec in records:
             agent = next(a for a, p in rec.seats.items() if p == pid)
             seat = list(rec.seats).index(agent)
-            games[seat] += 1
-            wins[seat] += rec.results[agent] in ("win", "solved")
-            draws += rec.results[agent] == "draw"
+            result = rec.results[agent]
+            counts[seat]["win" if result in ("win", "solved") else
+                         "draw" if result == "draw" else "loss"] += 1
             invalid += rec.invalid[agent]
             returns += rec.returns[agent]
             n = len(rec.seats)
             moves += max(1, (rec.num_actions + (n - 1 - seat)) // n)
         suffix = f"_vs_{opp}@{pid}"
-        played = [s for s in range(seats) if games[s]]
-        rates = {s: wins[s] / games[s] for s in played}
-        out = {f"eval/win_rate{suffix}": sum(rates.values()) / max(1, len(rates)),
-               f"eval/return{suffix}": returns / len(records),
-               f"eval/draw_rate{suffix}": draws / len(records),
+        rates = {s: {k: v / sum(c.values()) for k, v in c.items()}
+                 for s, c in enumerate(counts) if sum(c.values())}
+        out = {f"eval/return{suffix}": returns / len(records),
                f"eval/invalid_rate{suffix}": invalid / max(1.0, moves)}
-        return out | {f"eval/win_rate_seat{s}{suffix}": r for s, r in rates.items()}
+        for k in _OUTCOMES:  # seat-averaged, then per seat
+            out[f"eval/{k}_rate{suffix}"] = sum(r[k] for r in rates.values()) / len(rates)
+            out |= {f"eval/{k}_rate_seat{s}{suffix}": r[k] for s, r in rates.items()}
+        return out
 
     def heldout_pairs(self, pid: str) -> list[PreferenceExample]:
         """Outcome pairs (:func:`~agentrt.controller.objectives.outcome_pairs`) of ``eval.games`` games per
