@@ -173,16 +173,21 @@ class BasePool:
         return self._guarded(self._preference_eval, examples, self._trainable(adapter),
                              journal=False)
 
+    def sequence_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
+                          adapter: str | None = None) -> list[float]:
+        """Summed log-prob of each response after its prompt (agentrt.runtime.scoring); sharded:
+        every worker computes it (each pass is a collective), else worker 0."""
+        calls = self.num_workers if self.cfg.resources.sharding == "fsdp" else 1
+        return self._guarded(self._call_each, lambda w: w.sequence_logprobs,
+                             [(prompts, responses, self._name(adapter))] * calls, journal=False)[0]
+
     def reconfigure(self, cfg: PolicyConfig) -> None:
-        """A live change of policy ``cfg.id``'s sampling or learning rate
-        (agentrt.controller.control): every worker's learner takes ``cfg``
-        (:meth:`Learner.reconfigure`)."""
+        """A live change of ``cfg.id``'s sampling or LR (agentrt.controller.control)."""
         self._guarded(self._reconfigure, cfg, self._trainable(cfg.id))
 
     def snapshot(self, adapter: str, tag: str) -> str:
-        """Freezes policy ``adapter`` as ``"<adapter>@<tag>"`` (returned), which keeps its
-        weights and version while the source trains on: one more adapter for LoRA policies,
-        a CPU copy of the weights for full-weight ones."""
+        """Freezes policy ``adapter`` as ``"<adapter>@<tag>"`` (returned), which keeps its weights
+        and version while the source trains on (LoRA: one more adapter; else a CPU copy)."""
         return self._guarded(self._snapshot, self._trainable(adapter), str(tag))
 
     def drop_snapshot(self, name: str) -> None:

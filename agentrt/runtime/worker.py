@@ -301,6 +301,17 @@ class PolicyWorker:
 
         return preference_eval(self._learner(adapter), examples)
 
+    def sequence_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
+                          adapter: str | None = None) -> list[float]:
+        """Summed log-prob of each response after its prompt under policy or snapshot
+        ``adapter``, at its (source's) sampling temperature (:mod:`agentrt.runtime.scoring`)."""
+        from agentrt.runtime.scoring import sequence_logprobs
+
+        if adapter in self.snapshots:
+            return sequence_logprobs(self.learners[adapter.split("@")[0]], prompts, responses,
+                                     adapter)
+        return sequence_logprobs(self._learner(adapter), prompts, responses)
+
     def sft_step(self, batch: TrainBatch, sft: SFTConfig, adapter: str | None = None
                  ) -> dict[str, float]:
         """One supervised step; the first call builds the SFT optimizer (constant LR after
