@@ -175,12 +175,8 @@ def tournament_eval(
     """Rating-only tournament between checkpoints and baselines (nothing trains)."""
     run = _launch("tournament", config, set_, imports, None, new_run, resume, frozen=True)
     run.run()
-    from agentrt.tournaments.records import MatchStore
-    from agentrt.tournaments.report import format_seat_results
-
     typer.echo(run.workload.leaderboard_text)
-    with MatchStore(run.run_dir.path) as store:  # each policy by opponent and seat
-        typer.echo(format_seat_results(store, [p.id for p in run.cfg.policies]))
+    typer.echo(f"\n{run.workload.seat_text}")  # each pair of players by seat: win/draw/loss
     typer.echo(f"report: {run.workload.report_path}")
 
 

@@ -254,15 +254,23 @@ class MatchStore:
                         "score": (wins + 0.5 * draws) / games, "invalid_per_game": invalid / games}
         return out
 
-    def seat_scores(self, player_key: str) -> dict[tuple[str, int], tuple[int, float]]:
-        """Per (opponent key, this player's seat index): games and this player's score rate
-        (draws half), pairwise as in :meth:`opponent_stats`."""
-        sql = ("SELECT o.player_key, me.seat, COUNT(*), AVG((me.score > o.score) + "
-               "0.5 * (me.score = o.score)) FROM seats me JOIN seats o ON o.match_id = "
-               "me.match_id AND o.seat != me.seat WHERE me.player_key = ? AND o.player_key != "
-               "me.player_key GROUP BY o.player_key, me.seat")
-        return {(opp, int(seat)): (games, score)
-                for opp, seat, games, score in self._conn.execute(sql, [player_key])}
+    def seat_outcomes(self, env: str | None = None
+                      ) -> dict[tuple[str, str, int], dict[str, float]]:
+        """Per (player key, opponent key, the player's seat index): games, win/draw/loss rates,
+        score rate (draws half) and the player's invalid moves per game, for every ordered pair
+        of identities that met. Pairwise as in :meth:`opponent_stats`."""
+        sql = ("SELECT me.player_key, o.player_key, me.seat, COUNT(*), SUM(me.score > o.score), "
+               "SUM(me.score = o.score), SUM(me.invalid_moves) FROM seats me JOIN seats o ON "
+               "o.match_id = me.match_id AND o.seat != me.seat JOIN matches m ON m.match_id = "
+               "me.match_id WHERE o.player_key != me.player_key")
+        args: list[Any] = []
+        if env is not None:
+            sql, args = sql + " AND m.env = ?", [env]
+        rows = self._conn.execute(sql + " GROUP BY me.player_key, o.player_key, me.seat", args)
+        return {(me, opp, int(seat)): {
+            "games": n, "win_rate": w / n, "draw_rate": d / n, "loss_rate": (n - w - d) / n,
+            "score": (w + 0.5 * d) / n, "invalid_per_game": inv / n}
+            for me, opp, seat, n, w, d, inv in rows}
 
     def seat_stats(self, env: str | None = None) -> dict[int, dict[str, float]]:
         """Per seat index: games and mean score (first-mover advantage at a glance). Seat

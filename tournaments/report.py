@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import io
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -110,19 +111,63 @@ def format_leaderboard(rows: Sequence[LeaderRow], top: int | None = None) -> str
     return "\n".join(lines)
 
 
-def format_seat_results(store: MatchStore, keys: Sequence[str]) -> str:
-    """Lines 'lm vs minimax: score 0.250 over 80 games (seat 0: 0.400 over 40, seat 1: ...)'
-    for each player key, every opponent it met (draws count half)."""
-    lines = []
-    for key in keys:
-        by_opp: dict[str, dict[int, tuple[int, float]]] = {}
-        for (opp, seat), value in sorted(store.seat_scores(key).items()):
-            by_opp.setdefault(opp, {})[seat] = value
-        for opp, seats in by_opp.items():
-            games = sum(n for n, _ in seats.values())
-            score = sum(n * x for n, x in seats.values()) / games
-            per_seat = ", ".join(f"seat {i}: {x:.3f} over {n}" for i, (n, x) in seats.items())
-            lines.append(f"{key} vs {opp}: score {score:.3f} over {games} games ({per_seat})")
+SEAT_RESULTS = "seat_results.json"  # seat_table's rows, written beside the HTML report
+
+
+@dataclass(frozen=True)
+class SeatRow:
+    """A player's results against one opponent in one of its seats (``seat`` None: all seats).
+    Rates are pairwise per game (see :meth:`MatchStore.seat_outcomes`)."""
+
+    player: str
+    opponent: str
+    seat: int | None
+    games: int
+    win: float
+    draw: float
+    loss: float
+    invalid_per_game: float
+
+
+_RATES = ("win_rate", "draw_rate", "loss_rate", "invalid_per_game")  # SeatRow's fields, in order
+
+
+def seat_table(stats: dict[tuple[str, str, int], dict[str, float]], order: Sequence[str] = ()
+               ) -> list[SeatRow]:
+    """Rows of :meth:`MatchStore.seat_outcomes` ``stats``, every ordered pair of identities that
+    met: one row per seat of the player, then one over all its seats when it played more than
+    one; players in ``order`` first (e.g. leaderboard order), then by key; opponents the same."""
+    rank = {k: i for i, k in enumerate(order)}
+
+    def sort_key(key: str) -> tuple[int, str]:
+        return rank.get(key, len(rank)), key
+
+    pairs: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
+    for (me, opp, seat), s in stats.items():
+        pairs.setdefault((me, opp), {})[seat] = s
+    rows = []
+    for me, opp in sorted(pairs, key=lambda p: (sort_key(p[0]), sort_key(p[1]))):
+        by_seat = pairs[(me, opp)]
+        for seat in sorted(by_seat):
+            s = by_seat[seat]
+            rows.append(SeatRow(me, opp, seat, int(s["games"]), *(s[f] for f in _RATES)))
+        if len(by_seat) > 1:  # all seats: the per-seat rates weighted by games
+            n = sum(s["games"] for s in by_seat.values())
+            pooled = [sum(s["games"] * s[f] for s in by_seat.values()) / n for f in _RATES]
+            rows.append(SeatRow(me, opp, None, int(n), *pooled))
+    return rows
+
+
+def format_seat_table(rows: Sequence[SeatRow]) -> str:
+    """Plain-text table: player, opponent, seat, games, win / draw / loss rates, invalid moves
+    per game."""
+    head = (f"{'player':<16} {'opponent':<16} {'seat':>4} {'games':>6} {'win':>6} {'draw':>6} "
+            f"{'loss':>6} {'inv/g':>6}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        seat = "all" if r.seat is None else str(r.seat)
+        lines.append(f"{r.player[:16]:<16} {r.opponent[:16]:<16} {seat:>4} {r.games:6d} "
+                     f"{r.win:6.3f} {r.draw:6.3f} {r.loss:6.3f} {r.invalid_per_game:6.3f}")
     return "\n".join(lines)
 
 
@@ -297,6 +342,7 @@ def write_report(source: MatchStore | str | Path, out: str | Path | None = None,
         stepped = store.results(env=env)
         envs = sorted({r.match.env for r, _ in stepped})
         seats = {e: store.seat_stats(e) for e in envs}
+        outcomes = store.seat_outcomes(env)
     finally:
         if store is not source:
             store.close()
@@ -321,18 +367,23 @@ def write_report(source: MatchStore | str | Path, out: str | Path | None = None,
         for name, fig in figures:
             sections.append(f"<h2>{name}</h2><img alt='{name}' "
                             f"src='data:image/png;base64,{_png(fig)}'/>")
-    sections += _run_sections(run_dir)
+    table = seat_table(outcomes, [r.key for r in rows])
+    sections += ["<h2>Win / draw / loss by opponent and seat</h2>", _seat_table_html(table),
+                 *_run_sections(run_dir)]
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
             f"</title><style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
             + "\n".join(sections) + "</body></html>")
     path = Path(out) if out is not None else run_dir / "report.html"
     _atomic_write_text(path, page)
+    _atomic_write_text(path.with_name(SEAT_RESULTS),
+                       json.dumps([asdict(r) for r in table], indent=1) + "\n")
     return path
 
 
 _CSS = ("body{font-family:sans-serif;max-width:1000px;margin:2em auto}"
         "table{border-collapse:collapse}td,th{padding:3px 8px;border-bottom:1px solid #ddd;"
-        "text-align:right}td:nth-child(2),th:nth-child(2){text-align:left}img{max-width:100%}")
+        "text-align:right}td:nth-child(2),th:nth-child(2){text-align:left}img{max-width:100%}"
+        "table.seats td:nth-child(1),table.seats th:nth-child(1){text-align:left}")
 
 
 def _leaderboard_html(rows: Sequence[LeaderRow]) -> str:
@@ -346,6 +397,19 @@ def _leaderboard_html(rows: Sequence[LeaderRow]) -> str:
         f"<td>[{r.bt_low:+.0f}, {r.bt_high:+.0f}]</td><td>{r.games}</td><td>{r.score:.3f}</td>"
         f"<td>{r.invalid_per_game:.3f}</td></tr>" for i, r in enumerate(rows, 1))
     return f"<table>{head}{body}</table>"
+
+
+def _seat_table_html(rows: Sequence[SeatRow]) -> str:
+    if not rows:
+        return "<p>No matches between different players yet.</p>"
+    head = ("<tr><th>player</th><th>opponent</th><th>seat</th><th>games</th><th>win</th>"
+            "<th>draw</th><th>loss</th><th>invalid/game</th></tr>")
+    body = "".join(
+        f"<tr><td>{html.escape(r.player)}</td><td>{html.escape(r.opponent)}</td>"
+        f"<td>{'all' if r.seat is None else r.seat}</td><td>{r.games}</td><td>{r.win:.3f}</td>"
+        f"<td>{r.draw:.3f}</td><td>{r.loss:.3f}</td><td>{r.invalid_per_game:.3f}</td></tr>"
+        for r in rows)
+    return f"<table class='seats'>{head}{body}</table>"
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

@@ -327,10 +327,12 @@ class TournamentRunConfig(RunConfig):
         if missing:
             raise ValueError(f"eval.opponents {missing} are not baseline ids; valid: "
                              f"{', '.join(b.id for b in self.baselines) or 'none (add baselines)'}")
-        unused = [b.id for b in self.baselines if b.eval_only and b.id not in self.eval.opponents]
+        unused = [(i, b.id) for i, b in enumerate(self.baselines)
+                  if b.eval_only and b.id not in self.eval.opponents]
         if unused:
-            raise ValueError(f"baselines: {unused[0]!r} is eval_only but not in eval.opponents, "
-                             "so nothing would play it; add it there or drop eval_only")
+            raise ValueError(f"baselines.{unused[0][0]}.eval_only: {unused[0][1]!r} is "
+                             "evaluation-only but not in eval.opponents, so nothing would play "
+                             "it; add it there or drop eval_only")
         return self
 
     @model_validator(mode="after")

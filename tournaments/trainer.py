@@ -24,7 +24,13 @@ from agentrt.memory.policy import wire_memories
 from agentrt.policies.base import Action, ActRequest
 from agentrt.policies.lm import LMPolicy
 from agentrt.policies.scripted import load_scripted_state, scripted_factory, scripted_state
-from agentrt.tournaments.report import build_leaderboard, format_leaderboard
+from agentrt.tournaments.report import (
+    SEAT_RESULTS,
+    build_leaderboard,
+    format_leaderboard,
+    format_seat_table,
+    seat_table,
+)
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.session import Tournament
 from agentrt.tournaments.types import Match, MatchResult
@@ -91,7 +97,7 @@ class LeagueWorkload(Workload):
     """Matches of a tournament for the controller loop (see the module docstring)."""
 
     label = "league"
-    outputs = ("matches.sqlite*", "report.html", "final_models", "memory",
+    outputs = ("matches.sqlite*", "report.html", SEAT_RESULTS, "final_models", "memory",
                f"{EPISODES}*")  # + RunDir.outputs
     live = ("train.games_per_step",)  # + each policy's sampling and LR, the shared fields
     refused = {"inject": "a league plays scheduled matches; it has no prompts to inject",
@@ -338,9 +344,13 @@ class LeagueWorkload(Workload):
                         for k, v in state.get("heldout", {}).items()}
 
     def finish(self, ctl: Controller) -> None:
-        """Final leaderboard on the terminal, the HTML report, the final models."""
+        """Final leaderboard and win/draw/loss table on the terminal, the HTML report (and
+        its seat_results.json), the final models."""
         results = [r for r, _ in self.tournament.store.results()]
-        self.leaderboard_text = format_leaderboard(build_leaderboard(results))
+        board = build_leaderboard(results)
+        self.leaderboard_text = format_leaderboard(board)
+        self.seat_text = format_seat_table(seat_table(self.tournament.store.seat_outcomes(),
+                                                      [r.key for r in board]))
         self.report_path = self.tournament.write_report()
         if ctl.step == self.steps:
             for pid in self.learners:
