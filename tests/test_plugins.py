@@ -104,7 +104,7 @@ def test_a_person_plays_the_trained_policy(nim_league, tmp_path: Path) -> None:
 def test_tournament_eval_rates_the_trained_policy_by_opponent_and_seat(nim_league,
                                                                       tmp_path: Path) -> None:
     """A rating-only tournament of the league's final model and the perfect player: no random
-    baseline or eval section needed; results per opponent and seat are printed."""
+    baseline or eval section needed; win/draw/loss per opponent and seat are printed."""
     run, league = nim_league
     assert league.returncode == 0, league.stderr
     config = tmp_path / "eval.yaml"
@@ -117,8 +117,10 @@ def test_tournament_eval_rates_the_trained_policy_by_opponent_and_seat(nim_leagu
                           text=True, cwd=tmp_path, timeout=600,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PLUGIN)})
     assert proc.returncode == 0, proc.stderr
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("lm vs perfect: "))
-    assert "over 8 games (seat 0: " in line and ", seat 1: " in line, proc.stdout
+    rows = {tuple(x.split()[:3]): x.split()[3] for x in proc.stdout.splitlines()
+            if x.startswith("lm ") and len(x.split()) == 8}  # player opponent seat games ...
+    assert rows == {("lm", "perfect", "0"): "4", ("lm", "perfect", "1"): "4",
+                    ("lm", "perfect", "all"): "8"}, proc.stdout
 
 
 def test_train_with_the_plugin_task_and_reward(tmp_path: Path) -> None:
