@@ -105,6 +105,11 @@ class TicTacToe(MultiAgentEnv):
     def observe_struct(self, agent: str) -> dict[str, Any]:
         return {"board": tuple(self.board), "mark": self._mark(agent)}
 
+    def state_key(self) -> tuple[Any, ...]:
+        """The whole game state, hashable: exact best responses
+        (agentrt.tournaments.exploit_games) enumerate the game tree memoised on it."""
+        return (tuple(self.board), self.agent_selection)
+
     def _render(self) -> str:
         return self._grid()
 

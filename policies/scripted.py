@@ -44,6 +44,12 @@ class ScriptedPolicy:
     def choose(self, request: ActRequest) -> str:
         raise NotImplementedError
 
+    def action_probs(self, request: ActRequest) -> dict[str, float] | None:
+        """The probability of each action text ``choose`` may return here, or None where the
+        player does not say (exact exploitability, agentrt.tournaments.exploitability, needs it)."""
+        del request
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps, as plain data: the RNG stream (the rest comes from the
         config). A subclass with more changing state adds it here and in load_state_dict."""
@@ -79,6 +85,10 @@ class RandomPolicy(ScriptedPolicy):
         noise = self.np_rng.random(legal.shape)
         noise[~legal] = -1.0
         return noise.argmax(axis=1)
+
+    def action_probs(self, request: ActRequest) -> dict[str, float] | None:
+        legal = request.legal_actions
+        return {a: 1.0 / len(legal) for a in legal} if legal else None
 
     def choose(self, request: ActRequest) -> str:
         legal = request.legal_actions
@@ -123,6 +133,11 @@ class MinimaxTicTacToe(ScriptedPolicy):
         state = request.state
         moves = ttt_best_moves(tuple(state["board"]), state["mark"])
         return str(moves[self.rng.randrange(len(moves))])
+
+    def action_probs(self, request: ActRequest) -> dict[str, float] | None:
+        state = request.state
+        moves = ttt_best_moves(tuple(state["board"]), state["mark"])
+        return {str(m): 1.0 / len(moves) for m in moves}
 
 
 
@@ -197,6 +212,10 @@ class KuhnPolicy(ScriptedPolicy):
     def choose(self, request: ActRequest) -> str:
         p_bet = self.table[kuhn_info_state(request.state)]
         return "bet" if self.rng.random() < p_bet else "pass"
+
+    def action_probs(self, request: ActRequest) -> dict[str, float] | None:
+        p_bet = self.table[kuhn_info_state(request.state)]
+        return {"pass": 1.0 - p_bet, "bet": p_bet}
 
 
 # ----------------------------------------------------------------------------- bargaining
