@@ -251,7 +251,7 @@ def main() -> None:
     parser.add_argument("--decode", action="store_true",
                         help="the static decode loop against model.generate (no vLLM)")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="--decode: interleaved rounds per setting (the median is kept)")
+                        help="--decode, --arch: interleaved rounds (the median is kept)")
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--arch", help="all, or architectures (qwen2,gemma2): each one's "
                         "rollout tokens/s against Llama's at one size (bench/rollout_arch.py)")
