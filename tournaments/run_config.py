@@ -178,6 +178,11 @@ class LeagueEvalConfig(Section):
         ("random",), description="Baseline ids to evaluate vs. (default: random when a baseline "
                                  "has that id, else every baseline; eval_only ones always).")
     greedy: bool = Field(False, description="Greedy decoding in evaluation games.")
+    exploitability: Literal["auto", "off"] = Field(
+        "off", description="auto: at every evaluation, each learner's exact exploitability in "
+                           "every env that has an exact method (NashConv for OpenSpiel games "
+                           "and Kuhn poker; best-response values per seat for tic-tac-toe); "
+                           "docs/tournaments.md, Exploitability.")
 
 
 class TournamentRunConfig(RunConfig):

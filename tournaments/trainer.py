@@ -242,6 +242,8 @@ class LeagueWorkload(Workload):
                               memory=lm.memory)
             for opp in self.cfg.eval.opponents:
                 out |= self._eval_pair(pid, player, opp)
+            if self.cfg.eval.exploitability == "auto":  # exact, at the sampling temperature
+                out |= {f"{k}@{pid}": v for k, v in exploit_metrics(self.cfg.envs, lm).items()}
             if self.policy_cfgs[pid].algorithm.is_preference:
                 out |= self._pref_eval(ctl, pid)
         if len(self.learners) == 1:
