@@ -24,6 +24,7 @@ from agentrt.memory.policy import wire_memories
 from agentrt.policies.base import Action, ActRequest
 from agentrt.policies.lm import LMPolicy
 from agentrt.policies.scripted import load_scripted_state, scripted_factory, scripted_state
+from agentrt.tournaments.exploit_games import exploit_metrics
 from agentrt.tournaments.report import (
     SEAT_RESULTS,
     build_leaderboard,
