@@ -180,6 +180,20 @@ def tournament_eval(
     typer.echo(f"report: {run.workload.report_path}")
 
 
+@tournament_app.command("exploit")
+def tournament_exploit(
+    run_dir: Path = typer.Argument(..., help="A finished tournament run folder."),
+    policy: Optional[str] = typer.Option(None, help="Only this policy (default: learners)."),
+    imports: Optional[list[str]] = _IMPORT,
+) -> None:
+    """Exact exploitability of the final policies: NashConv (OpenSpiel games, Kuhn poker),
+    best-response values per seat (tic-tac-toe), invalid mass; docs/tournaments.md."""
+    _setup()
+    from agentrt.tools.exploit import exploit_rows, format_rows
+
+    typer.echo(format_rows(exploit_rows(run_dir, policy, imports or ())))
+
+
 @tournament_app.command("report")
 def tournament_report(run_dir: Path = typer.Argument(..., help="A tournament run folder.")
                       ) -> None:
