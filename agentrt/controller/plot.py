@@ -12,7 +12,16 @@ PANELS = (
     ("critic/vf_loss", "value loss"), ("actor/grad_norm", "grad norm"),
 )
 # Panels of every metric with this prefix, one line each (e.g. per eval opponent of a league).
-PREFIX_PANELS = (("eval/win_rate_vs_", "eval win rate"), ("eval/return_vs_", "eval mean return"))
+PREFIX_PANELS = (("eval/win_rate_vs_", "eval win rate"), ("eval/return_vs_", "eval mean return"),
+                 ("eval/nash_conv/", "NashConv (exact)"),
+                 ("eval/br_value/", "best-response value (exact)"))
+
+
+def _label(key: str) -> str:
+    """A prefix panel's line label: the opponent, or the env and seat of an exact measure."""
+    if "_vs_" in key:
+        return key.split("_vs_")[-1]
+    return next((key.removeprefix(p) for p, _ in PREFIX_PANELS if key.startswith(p)), key)
 
 
 def plot_metrics(rows: list[dict[str, Any]], out: Path) -> Path | None:
@@ -38,8 +47,8 @@ def plot_metrics(rows: list[dict[str, Any]], out: Path) -> Path | None:
         for key in keys:
             pts = [(r["step"], r[key]) for r in rows if key in r and r[key] is not None]
             ax.plot([p[0] for p in pts], [p[1] for p in pts],
-                    marker="o" if len(pts) < 30 else None, label=key.split("_vs_")[-1])
-        if len(keys) > 1 or "_vs_" in keys[0]:
+                    marker="o" if len(pts) < 30 else None, label=_label(key))
+        if len(keys) > 1 or _label(key) != key:
             ax.legend(fontsize=7, loc="best")
         ax.set_title(title)
         ax.set_xlabel("step")
