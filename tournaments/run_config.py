@@ -265,6 +265,21 @@ class TournamentRunConfig(RunConfig):
                                  "function, which tournament runs do not take yet; drop it")
         return self
 
+    @model_validator(mode="after")
+    def _exploitability(self) -> TournamentRunConfig:
+        """A game tree whose prompts depend on the move order is past exact search."""
+        if self.eval.exploitability == "off":
+            return self
+        from agentrt.tournaments.exploit_games import exact_method
+
+        for i, env in enumerate(self.envs):
+            if env.template.history and exact_method(env.id, dict(env.kwargs)) == "tree":
+                raise ValueError(f"eval.exploitability: auto cannot search {env.id}'s tree with "
+                                 f"envs.{i}.template.history true (each prompt depends on the "
+                                 f"move order); set envs.{i}.template.history: false or "
+                                 "eval.exploitability: off")
+        return self
+
     def entrants(self) -> list[Entrant]:
         """Policies (trainable ones learn) and baselines as tournament entrants, with roles."""
         return [Entrant(p.id, learning=p.trainable, league_role=p.league_role, roles=p.roles)
