@@ -184,6 +184,8 @@ def tournament_eval(
 def tournament_exploit(
     run_dir: Path = typer.Argument(..., help="A finished tournament run folder."),
     policy: Optional[str] = typer.Option(None, help="Only this policy (default: learners)."),
+    checkpoint: Optional[Path] = typer.Option(None, help="A checkpoints/step_N folder (default: "
+                                                         "final_models)."),
     imports: Optional[list[str]] = _IMPORT,
 ) -> None:
     """Exact exploitability of the final policies: NashConv (OpenSpiel games, Kuhn poker),
@@ -191,7 +193,7 @@ def tournament_exploit(
     _setup()
     from agentrt.tools.exploit import exploit_rows, format_rows
 
-    typer.echo(format_rows(exploit_rows(run_dir, policy, imports or ())))
+    typer.echo(format_rows(exploit_rows(run_dir, policy, imports or (), checkpoint)))
 
 
 @tournament_app.command("report")
