@@ -24,7 +24,7 @@ from agentrt.memory.policy import wire_memories
 from agentrt.policies.base import Action, ActRequest
 from agentrt.policies.lm import LMPolicy
 from agentrt.policies.scripted import load_scripted_state, scripted_factory, scripted_state
-from agentrt.tournaments.exploit_games import exploit_metrics
+from agentrt.tournaments.exploit_games import exploit_metrics, mixture_metrics
 from agentrt.tournaments.report import (
     SEAT_RESULTS,
     build_leaderboard,
@@ -245,6 +245,10 @@ class LeagueWorkload(Workload):
                 out |= self._eval_pair(pid, player, opp)
             if self.cfg.eval.exploitability == "auto":  # exact, at the sampling temperature
                 out |= {f"{k}@{pid}": v for k, v in exploit_metrics(self.cfg.envs, lm).items()}
+                meta = getattr(self.tournament.scheduler, "meta_strategy", None)  # PSRO-like
+                weights = meta(pid) if meta is not None else {}
+                out |= {f"{k}@{pid}": v for k, v in mixture_metrics(
+                    self.cfg.envs, {k: self._player(k) for k in weights}, weights).items()}
             if self.policy_cfgs[pid].algorithm.is_preference:
                 out |= self._pref_eval(ctl, pid)
         if len(self.learners) == 1:
