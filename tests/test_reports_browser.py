@@ -98,7 +98,9 @@ def test_league_report_renders_in_chromium(browser, league: Path, tmp_path: Path
     seen = Seen(browser, league / "report.html", tmp_path / "league.png")
     assert seen.errors == []
     figures = ["Rating curves", "Win-rate curves", "Payoff matrix", "Evaluation curves"]
-    assert seen.headings == ["Leaderboard", *figures, "Resolved config"], seen.headings
+    table = "Win / draw / loss by opponent and seat"  # a table, not an image
+    assert seen.headings == ["Leaderboard", *figures[:3], table, figures[3],
+                             "Resolved config"], seen.headings
     assert [i["alt"] for i in seen.images] == figures
     assert all(i["ok"] and i["w"] >= 300 and i["h"] >= 200 and i["shown"] > 300
                for i in seen.images), seen.images
