@@ -15,6 +15,7 @@ from agentrt.core.errors import ConfigError
 from agentrt.core.registry import Registry
 from agentrt.core.schema import ConfigModel
 from agentrt.tournaments.league import League, LeagueOptions
+from agentrt.tournaments.psro import PSRO
 from agentrt.tournaments.scheduling import RoundRobin, Scheduler
 from agentrt.tournaments.selfplay import PFSP, Lagged, Mirror, SnapshotRule, UniformFSP
 from agentrt.tournaments.swiss import Swiss
@@ -55,7 +56,7 @@ class LeagueConfig(_Section):
 
 class ScheduleConfig(_Section):
     format: str = Field(
-        "pfsp", description="Match format: round_robin, swiss, mirror, lagged, fsp, pfsp, league "
+        "pfsp", description="Match format: round_robin, swiss, mirror, lagged, fsp, pfsp, psro, league "
         "(see docs/tournaments.md), a format a plugin registered in SCHEDULERS, or "
         "'package.module:builder' (builder(cfg, entrants, envs, seed, seats) -> Scheduler).")
     rounds: int | None = Field(
@@ -69,6 +70,9 @@ class ScheduleConfig(_Section):
         "hard", description="pfsp: f(x) of the win rate x; hard (1-x)^p, variance x(1-x)."
     )
     pfsp_exponent: float = Field(2.0, gt=0.0, description="pfsp: p of the hard weighting.")
+    psro_explore: float = Field(
+        0.1, ge=0.0, le=1.0, description="psro: share of games against a uniformly drawn member "
+                                         "(keeps the meta-game measured); the rest the mixture.")
     win_rate_decay: float = Field(
         0.99, gt=0.0, le=1.0, description="Per-game decay of the win-rate estimates (1: no decay)."
     )
@@ -111,6 +115,9 @@ SCHEDULERS.add("fsp", lambda c, e, v, s, seats: UniformFSP(
 SCHEDULERS.add("pfsp", lambda c, e, v, s, seats: PFSP(
     e, v, s, snapshot=_rule(c), weighting=c.pfsp_weighting, exponent=c.pfsp_exponent,
     win_rate_decay=c.win_rate_decay, seats=seats))
+SCHEDULERS.add("psro", lambda c, e, v, s, seats: PSRO(
+    e, v, s, snapshot=_rule(c), explore=c.psro_explore, win_rate_decay=c.win_rate_decay,
+    seats=seats))
 SCHEDULERS.add("league", lambda c, e, v, s, seats: League(
     e, v, s, snapshot=_rule(c), win_rate_decay=c.win_rate_decay,
     options=LeagueOptions(**c.league.model_dump()), seats=seats))

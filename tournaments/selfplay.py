@@ -263,6 +263,13 @@ class UniformFSP(SelfPlayScheduler):
     def _opponent(self, learner: str, agent: str | None) -> Player:
         return self._choice(self.candidates(agent))
 
+    def meta_strategy(self, policy_id: str) -> dict[str, float]:
+        """Fictitious play's average policy: the uniform mixture of ``policy_id``'s snapshots
+        (each a best response to the pool of its time); its exact NashConv is reported beside
+        the latest policy's."""
+        own = self.snapshots(policy_id)
+        return {p.key: 1.0 / len(own) for p in own}
+
 
 class PFSP(SelfPlayScheduler):
     """Prioritized fictitious self-play (Vinyals et al. 2019, AlphaStar, Methods).

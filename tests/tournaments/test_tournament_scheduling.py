@@ -48,7 +48,7 @@ def _drive(sched, steps: range, per_step: int = 6) -> list[dict]:
 
 
 @pytest.mark.parametrize("fmt", ["round_robin", "swiss", "mirror", "lagged", "fsp", "pfsp",
-                                 "league"])
+                                 "psro", "league"])
 def test_every_format_is_deterministic_and_resumes_exactly(fmt: str) -> None:
     cfg = {"format": fmt, "rounds": 50, "snapshot": {"every": 3, "min_steps": 1}}
     full = build_scheduler(cfg, _entrants(fmt), ["ttt", "kuhn"], seed=11)
@@ -239,7 +239,7 @@ def test_config_errors_are_one_sentence_and_registry_lists_formats() -> None:
     with pytest.raises(ConfigError, match="typo: Extra inputs"):
         build_scheduler({"format": "pfsp", "typo": 1}, FIXED, ["ttt"])
     # every built-in format is listed (a plugin imported by an earlier test may add its own)
-    with pytest.raises(KeyError, match="valid: fsp, .*lagged, league, mirror, pfsp, round_robin"):
+    with pytest.raises(KeyError, match="valid: fsp, .*lagged, league, mirror, pfsp, psro, round_robin"):
         SCHEDULERS.get("elimination")
     with pytest.raises(TournamentError, match="learning policy"):
         build_scheduler({"format": "pfsp"}, FIXED, ["ttt"])
