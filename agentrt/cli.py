@@ -186,14 +186,21 @@ def tournament_exploit(
     policy: Optional[str] = typer.Option(None, help="Only this policy (default: learners)."),
     checkpoint: Optional[Path] = typer.Option(None, help="A checkpoints/step_N folder (default: "
                                                          "final_models)."),
+    exploiter_steps: int = typer.Option(0, min=0, help="Also train an exploiter this many steps "
+                                        "against each final model (any game; 0: off)."),
+    exploiter_games_per_step: int = typer.Option(64, min=1, help="The exploiter's games/step."),
+    exploiter_games: int = typer.Option(200, min=1, help="Its final games vs the policy."),
     imports: Optional[list[str]] = _IMPORT,
 ) -> None:
     """Exact exploitability of the final policies: NashConv (OpenSpiel games, Kuhn poker),
-    best-response values per seat (tic-tac-toe), invalid mass; docs/tournaments.md."""
+    best-response values per seat (tic-tac-toe), invalid mass; with --exploiter-steps, an
+    exploiter's final win rate (approximate, any game); docs/tournaments.md."""
     _setup()
     from agentrt.tools.exploit import exploit_rows, format_rows
 
-    typer.echo(format_rows(exploit_rows(run_dir, policy, imports or (), checkpoint)))
+    typer.echo(format_rows(exploit_rows(run_dir, policy, imports or (), checkpoint,
+                                        exploiter_steps, exploiter_games_per_step,
+                                        exploiter_games)))
 
 
 @tournament_app.command("report")

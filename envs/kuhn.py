@@ -31,17 +31,21 @@ class KuhnPoker(MultiAgentEnv):
 
     Args:
         players: 2 (three cards) or 3 (four cards).
+        compact: Observe "K|pb" (the own card, then the moves so far: p pass, b bet) instead
+            of the sentence; the card is the prompt's first byte.
     """
 
     metadata = {"render_modes": ["ansi"], "name": "kuhn_poker"}
     possible_agents = ["player_0", "player_1"]
     zero_sum = True
 
-    def __init__(self, players: int = 2, render_mode: str | None = None) -> None:
+    def __init__(self, players: int = 2, compact: bool = False,
+                 render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode)
         if players not in (2, 3):
             raise ValueError(f"players must be 2 or 3, got {players}")
         self.players = players
+        self.compact = compact
         self.possible_agents = [f"player_{i}" for i in range(players)]
         self.cards_in_deck = players + 1
 
@@ -86,6 +90,8 @@ class KuhnPoker(MultiAgentEnv):
 
     def _observe(self, agent: str) -> str:
         card = CARDS[self.cards[self._seat(agent)]]
+        if self.compact:  # "K|pb": the card, then the moves so far (p pass, b bet)
+            return f"{card}|{self.history}"
         moves = ", ".join("pass" if m == "p" else "bet" for m in self.history) or "none"
         ranks = " < ".join(CARDS[:self.cards_in_deck])
         return (f"Kuhn poker (cards {ranks}, ante 1). You are {agent}; your card is {card}.\n"

@@ -17,7 +17,7 @@ from agentrt.core.schema import ConfigModel
 from agentrt.tournaments.league import League, LeagueOptions
 from agentrt.tournaments.psro import PSRO
 from agentrt.tournaments.scheduling import RoundRobin, Scheduler
-from agentrt.tournaments.selfplay import PFSP, Lagged, Mirror, SnapshotRule, UniformFSP
+from agentrt.tournaments.selfplay import PFSP, Exploit, Lagged, Mirror, SnapshotRule, UniformFSP
 from agentrt.tournaments.swiss import Swiss
 from agentrt.tournaments.types import Entrant
 
@@ -56,8 +56,8 @@ class LeagueConfig(_Section):
 
 class ScheduleConfig(_Section):
     format: str = Field(
-        "pfsp", description="Match format: round_robin, swiss, mirror, lagged, fsp, pfsp, psro, league "
-        "(see docs/tournaments.md), a format a plugin registered in SCHEDULERS, or "
+        "pfsp", description="Match format: round_robin, swiss, mirror, lagged, fsp, pfsp, psro, "
+        "league, exploit (see docs/tournaments.md), a format a plugin registered in SCHEDULERS, or "
         "'package.module:builder' (builder(cfg, entrants, envs, seed, seats) -> Scheduler).")
     rounds: int | None = Field(
         None, gt=0, description="round_robin/swiss: rounds (null: endless / ceil(log2 N))."
@@ -115,6 +115,8 @@ SCHEDULERS.add("fsp", lambda c, e, v, s, seats: UniformFSP(
 SCHEDULERS.add("pfsp", lambda c, e, v, s, seats: PFSP(
     e, v, s, snapshot=_rule(c), weighting=c.pfsp_weighting, exponent=c.pfsp_exponent,
     win_rate_decay=c.win_rate_decay, seats=seats))
+SCHEDULERS.add("exploit", lambda c, e, v, s, seats: Exploit(
+    e, v, s, win_rate_decay=c.win_rate_decay, seats=seats))
 SCHEDULERS.add("psro", lambda c, e, v, s, seats: PSRO(
     e, v, s, snapshot=_rule(c), explore=c.psro_explore, win_rate_decay=c.win_rate_decay,
     seats=seats))

@@ -288,16 +288,19 @@ def plot_payoff(matrix: WinMatrix, order: Sequence[str] | None = None) -> Figure
 
 def plot_eval_curves(rows: Sequence[dict[str, Any]]) -> Figure | None:
     """The run's evaluations (metrics.jsonl ``eval/win_rate_vs_*`` and ``eval/return_vs_*``,
-    one line per learner and opponent; exact ``eval/nash_conv/*`` and ``eval/br_value/*``) over
-    training steps; None when there are none."""
+    one line per learner and opponent; exact ``eval/nash_conv/*``, ``eval/br_value/*`` and
+    ``eval/nash_conv_mixture/*``; the exploiter's ``eval/exploiter/*``) over training steps;
+    None when there are none."""
     panels = {"win_rate": "evaluation: win rate", "return": "evaluation: mean return",
               "nash_conv": "exploitability: NashConv (exact)",
-              "br_value": "exploitability: best-response value (exact)"}
+              "br_value": "exploitability: best-response value (exact)",
+              "nash_conv_mixture": "exploitability: NashConv of the meta-strategy (exact)",
+              "exploiter": "exploitability: exploiter's final win rate (approximate)"}
     series: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for row in rows:
         for key, value in row.items():
-            kind = next((k for k in panels if key.startswith((f"eval/{k}_vs_", f"eval/{k}/"))),
-                        None)
+            kind = next((k for k in sorted(panels, key=len, reverse=True)  # longest first
+                         if key.startswith((f"eval/{k}_vs_", f"eval/{k}/"))), None)
             if kind is not None and isinstance(value, (int, float)):
                 label = key.removeprefix(f"eval/{kind}_").removeprefix(f"eval/{kind}/")
                 series.setdefault(kind, {}).setdefault(label, []).append((row["step"], value))

@@ -171,18 +171,39 @@ class LeagueLoopConfig(LoopConfig):
     games_per_step: int = Field(128, gt=0, description="Matches scheduled per step.")
 
 
+class ExploiterEvalConfig(Section):
+    every: int = Field(..., gt=0, description="Train an exploiter of each learner every N steps "
+                       "(a multiple of eval.every; also at step 0 and the end).")
+    steps: int = Field(50, gt=0, description="Training steps of each exploiter.")
+    games_per_step: int = Field(64, gt=0, description="Exploiter games per step.")
+    games: int = Field(200, gt=0, description="Final games of the exploiter against the frozen "
+                                              "policy, spread over the seats.")
+
+
 class LeagueEvalConfig(Section):
     every: int = Field(10, gt=0, description="Evaluate learners every N steps (and at 0, end).")
     games: int = Field(200, gt=0, description="Games per opponent, half in each seat.")
     opponents: tuple[str, ...] = Field(
-        ("random",), description="Baseline ids to evaluate vs. (default: random when a baseline "
-                                 "has that id, else every baseline; eval_only ones always).")
+        ("random",), description="Baseline ids (or frozen policies, trainable: false) to evaluate "
+                                 "vs. (default: random when a baseline has that id, else every "
+                                 "baseline; eval_only ones always).")
     greedy: bool = Field(False, description="Greedy decoding in evaluation games.")
     exploitability: Literal["auto", "off"] = Field(
         "off", description="auto: at every evaluation, each learner's exact exploitability in "
                            "every env that has an exact method (NashConv for OpenSpiel games "
                            "and Kuhn poker; best-response values per seat for tic-tac-toe); "
                            "docs/tournaments.md, Exploitability.")
+    exploiter: ExploiterEvalConfig | None = Field(
+        None, description="Approximate exploitability for any game: a fresh exploiter trained "
+                          "against the frozen learner, its final win rate eval/exploiter/win_rate "
+                          "(null: off; tournaments/exploiter.py).")
+
+    @model_validator(mode="after")
+    def _exploiter_on_eval_steps(self) -> LeagueEvalConfig:
+        if self.exploiter is not None and self.exploiter.every % self.every:
+            raise ValueError(f"eval.exploiter.every ({self.exploiter.every}) must be a multiple "
+                             f"of eval.every ({self.every}): exploiters train at evaluations")
+        return self
 
 
 class TournamentRunConfig(RunConfig):
@@ -266,6 +287,17 @@ class TournamentRunConfig(RunConfig):
         return self
 
     @model_validator(mode="after")
+    def _exploiter_needs_full_weights(self) -> TournamentRunConfig:
+        if self.eval.exploiter is None:
+            return self
+        for i, p in enumerate(self.policies):
+            if p.trainable and p.lora.enabled:
+                raise ValueError(f"eval.exploiter: policies.{i} ({p.id}) trains a LoRA adapter; "
+                                 "its exploiter plays against an exported full model, so set "
+                                 f"policies.{i}.lora.enabled: false or eval.exploiter: null")
+        return self
+
+    @model_validator(mode="after")
     def _exploitability(self) -> TournamentRunConfig:
         """A game tree whose prompts depend on the move order is past exact search."""
         if self.eval.exploitability == "off":
@@ -343,10 +375,12 @@ class TournamentRunConfig(RunConfig):
         bad = [i for i in ids if "@" in i or "|" in i]
         if bad:
             raise ValueError(f"ids must not contain '@' or '|': {bad}")
-        missing = [o for o in self.eval.opponents if o not in {b.id for b in self.baselines}]
+        valid = [b.id for b in self.baselines] + [p.id for p in self.policies if not p.trainable]
+        missing = [o for o in self.eval.opponents if o not in valid]
         if missing:
-            raise ValueError(f"eval.opponents {missing} are not baseline ids; valid: "
-                             f"{', '.join(b.id for b in self.baselines) or 'none (add baselines)'}")
+            raise ValueError(f"eval.opponents {missing} are not baselines or frozen policies "
+                             "(trainable: false); valid: "
+                             f"{', '.join(valid) or 'none (add baselines)'}")
         unused = [(i, b.id) for i, b in enumerate(self.baselines)
                   if b.eval_only and b.id not in self.eval.opponents]
         if unused:

@@ -1,4 +1,4 @@
-"""Self-play formats: mirror, lagged, uniform fictitious self-play (FSP) and PFSP.
+"""Self-play formats: mirror, lagged, uniform fictitious self-play (FSP), PFSP and exploit.
 
 All four cycle through the learning entrants (one match per learner in turn) and pick an opponent:
 
@@ -8,6 +8,7 @@ All four cycle through the learning entrants (one match per learner in turn) and
 - ``fsp``: uniformly over the pool (fictitious self-play, Heinrich et al. 2015: a best response
   to the average of past strategies).
 - ``pfsp``: over the pool with probability ∝ f(P[learner beats opponent]) (AlphaStar).
+- ``exploit``: only the fixed entrants, uniformly (an exploiter of frozen policies).
 
 The pool holds frozen snapshots of every learner plus the fixed entrants (scripted baselines,
 checkpoints); a snapshot may take the seats its learner's ``roles`` allow. Version 0 of each
@@ -269,6 +270,30 @@ class UniformFSP(SelfPlayScheduler):
         the latest policy's."""
         own = self.snapshots(policy_id)
         return {p.key: 1.0 / len(own) for p in own}
+
+
+class Exploit(SelfPlayScheduler):
+    """Learners train only against the fixed entrants, drawn uniformly; no snapshot ever enters
+    the pool (an exploiter, or a best-response oracle, of frozen policies: the measurement of
+    :mod:`agentrt.tournaments.exploiter`)."""
+
+    name = "exploit"
+
+    def __init__(self, entrants: Sequence[Entrant], envs: Sequence[str], seed: int = 0,
+                 win_rate_decay: float = 0.99,
+                 seats: Mapping[str, Sequence[str]] | None = None) -> None:
+        if all(e.learning for e in entrants):
+            raise TournamentError("format 'exploit' trains against fixed entrants; give a "
+                                  "baseline or a policy with trainable: false")
+        rule = SnapshotRule(every=None, win_rate=None, min_steps=1)
+        super().__init__(entrants, envs, seed, snapshot=rule, win_rate_decay=win_rate_decay,
+                         seats=seats)
+
+    def _can_fill(self, learner: str, agent: str) -> bool:
+        return any(self.may_sit(pid, agent) for pid in self.fixed)
+
+    def _opponent(self, learner: str, agent: str | None) -> Player:
+        return self._choice(self.fixed_players(agent))
 
 
 class PFSP(SelfPlayScheduler):

@@ -25,6 +25,7 @@ from agentrt.policies.base import Action, ActRequest
 from agentrt.policies.lm import LMPolicy
 from agentrt.policies.scripted import load_scripted_state, scripted_factory, scripted_state
 from agentrt.tournaments.exploit_games import exploit_metrics, mixture_metrics
+from agentrt.tournaments.exploiter import train_exploiter
 from agentrt.tournaments.report import (
     SEAT_RESULTS,
     build_leaderboard,
@@ -249,11 +250,24 @@ class LeagueWorkload(Workload):
                 weights = meta(pid) if meta is not None else {}
                 out |= {f"{k}@{pid}": v for k, v in mixture_metrics(
                     self.cfg.envs, {k: self._player(k) for k in weights}, weights).items()}
+            exploiter = self.cfg.eval.exploiter
+            if exploiter is not None and (ctl.step % exploiter.every == 0
+                                          or ctl.step >= self.cfg.train.steps):
+                out |= {f"{k}@{pid}": v for k, v in self._exploit(ctl, pid).items()}
             if self.policy_cfgs[pid].algorithm.is_preference:
                 out |= self._pref_eval(ctl, pid)
         if len(self.learners) == 1:
             out = {k.replace(f"@{self.learners[0]}", ""): v for k, v in out.items()}
         return out
+
+    def _exploit(self, ctl: Controller, pid: str) -> dict[str, float]:
+        """``eval.exploiter``: a fresh exploiter trained against ``pid``'s current weights
+        (exported to ``exploiters/step_N/<pid>/target``), in its own run folder beside."""
+        opts = self.cfg.eval.exploiter
+        folder = ctl.run_dir.path / "exploiters" / f"step_{ctl.step}" / pid
+        target = ctl.save_pretrained(pid, folder / "target")
+        return train_exploiter(self.cfg, pid, target, folder / "run", opts.steps,
+                               opts.games_per_step, opts.games)
 
     def eval_seats(self, pid: str, opp: str, env: str) -> list[int]:
         """Seats of ``env`` where ``pid`` may play with ``opp`` in every other seat."""
@@ -282,7 +296,9 @@ class LeagueWorkload(Workload):
         if not specs:
             return RunResult([], [], {})
         runner_cfg = self.cfg.runner.model_copy(update={"random_seats": False, "seed": 12345})
-        return EpisodeRunner({pid: player, opp: self.baselines[opp]}, runner_cfg,
+        opponent = (self.baselines[opp] if opp in self.baselines else  # or a frozen policy
+                    LMPolicy(self.ctl.handle(opp), self.templates, trainable=False))
+        return EpisodeRunner({pid: player, opp: opponent}, runner_cfg,
                              env_pool=self.ctl.env_pool).run(specs)
 
     def _eval_pair(self, pid: str, player: LMPolicy, opp: str) -> dict[str, float]:
