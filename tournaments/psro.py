@@ -18,9 +18,10 @@ controller loop (no inner loop of oracle runs):
   mixture exceeds ``snapshot.win_rate``, or after ``snapshot.every`` steps.
 
 :meth:`PSRO.meta_strategy` gives the mixture, so a run's evaluation reports the exact NashConv of
-the mixture (``eval/nash_conv_mixture/<env>``) beside the latest policy's. Fictitious play's
-average policy is :meth:`~agentrt.tournaments.selfplay.UniformFSP.meta_strategy` (uniform over
-the learner's snapshots).
+the mixture (``eval/nash_conv_mixture/<env>``) beside the latest policy's. The other self-play
+formats give the average of the learner's iterates
+(:meth:`~agentrt.tournaments.selfplay.SelfPlayScheduler.meta_strategy`: uniform over its
+snapshots; fictitious play's average policy for ``fsp``).
 """
 
 from __future__ import annotations

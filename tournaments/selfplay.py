@@ -115,6 +115,15 @@ class SelfPlayScheduler(Scheduler):
     def population(self) -> list[Player]:
         return [self.current(pid) for pid in self.learners] + self.candidates()
 
+    def meta_strategy(self, policy_id: str) -> dict[str, float]:
+        """The average of ``policy_id``'s frozen iterates: the uniform mixture of its snapshots
+        in the pool (the last ``snapshot.max_pool``). In two-player zero-sum games the average of
+        no-regret self-play converges to a Nash equilibrium where the last iterate may cycle;
+        for ``fsp`` it is fictitious play's average policy. A run with
+        ``eval.exploitability: auto`` reports its exact NashConv beside the latest policy's."""
+        own = self.snapshots(policy_id)
+        return {p.key: 1.0 / len(own) for p in own}
+
     # ---- scheduling ----------------------------------------------------------------------
     def _next_groups(self, n: int) -> list[Group]:
         groups = []
@@ -264,12 +273,6 @@ class UniformFSP(SelfPlayScheduler):
     def _opponent(self, learner: str, agent: str | None) -> Player:
         return self._choice(self.candidates(agent))
 
-    def meta_strategy(self, policy_id: str) -> dict[str, float]:
-        """Fictitious play's average policy: the uniform mixture of ``policy_id``'s snapshots
-        (each a best response to the pool of its time); its exact NashConv is reported beside
-        the latest policy's."""
-        own = self.snapshots(policy_id)
-        return {p.key: 1.0 / len(own) for p in own}
 
 
 class Exploit(SelfPlayScheduler):
