@@ -101,6 +101,13 @@ EXAMPLE_RUNS = {
     "bargain_roles.yaml": ("tournament run", SHORT_LEAGUE),
     "kuhn3_league.yaml": ("tournament run", [*SHORT_LEAGUE, "train.games_per_step=12",
                                              "eval.games=6"]),
+    "kuhn_league.yaml": ("tournament run", SHORT_LEAGUE),
+    "ttt_selfplay.yaml": ("tournament run", SHORT_LEAGUE),
+    # Leduc's exact NashConv costs ~15 s a policy (the Kuhn example runs the same measure)
+    "leduc_league.yaml": ("tournament run", [*SHORT_LEAGUE, "eval.exploitability=off"]),
+    "bargain_exploiter.yaml": ("tournament run", [
+        *SHORT_LEAGUE, "eval.every=2", "eval.exploiter.every=2", "eval.exploiter.steps=1",
+        "eval.exploiter.games_per_step=8", "eval.exploiter.games=8"]),
     "recall_memory_league.yaml": ("tournament run", ["train.steps=2", "train.games_per_step=8",
                                                      "eval.every=1", "eval.games=8"]),
     "decompose_wordchain.yaml": ("decompose run", [

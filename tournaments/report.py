@@ -301,6 +301,8 @@ def plot_eval_curves(rows: Sequence[dict[str, Any]]) -> Figure | None:
         for key, value in row.items():
             kind = next((k for k in sorted(panels, key=len, reverse=True)  # longest first
                          if key.startswith((f"eval/{k}_vs_", f"eval/{k}/"))), None)
+            if kind == "exploiter" and not key.startswith("eval/exploiter/win_rate"):
+                continue  # its draw and loss rates stay in metrics.jsonl
             if kind is not None and isinstance(value, (int, float)):
                 label = key.removeprefix(f"eval/{kind}_").removeprefix(f"eval/{kind}/")
                 series.setdefault(kind, {}).setdefault(label, []).append((row["step"], value))

@@ -198,6 +198,12 @@ class LeagueEvalConfig(Section):
                           "against the frozen learner, its final win rate eval/exploiter/win_rate "
                           "(null: off; tournaments/exploiter.py).")
 
+    @field_validator("exploitability", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        """YAML reads an unquoted ``off`` as false (and ``on`` as true)."""
+        return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
+
     @model_validator(mode="after")
     def _exploiter_on_eval_steps(self) -> LeagueEvalConfig:
         if self.exploiter is not None and self.exploiter.every % self.every:

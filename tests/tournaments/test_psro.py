@@ -16,7 +16,7 @@ from agentrt.tournaments.config import build_scheduler
 from agentrt.tournaments.psro import PSRO, solve_symmetric_zero_sum
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.trainer import LeagueTrainer
-from agentrt.tournaments.types import Entrant, MatchResult
+from agentrt.tournaments.types import Entrant, MatchResult, TournamentError
 
 
 def test_the_meta_solver_finds_the_nash_of_small_games() -> None:
@@ -81,6 +81,14 @@ def test_psro_options_are_validated_and_fsp_reports_its_average_policy() -> None
     for step in (1, 2, 3):
         fsp.on_step(step, {"lm": step})
     assert fsp.meta_strategy("lm") == {f"lm@{v}": 0.25 for v in range(4)}  # not the baseline
+    # the exploiter's format: only the fixed entrants, never a snapshot, and it needs one
+    exploit = build_scheduler({"format": "exploit"}, [Entrant("x", True), Entrant("target")],
+                              ["x"])
+    for step in (1, 2):
+        assert exploit.on_step(step, {"x": step}) == []
+    assert {p.key for m in exploit.next_matches(20) for p in m.players} == {"x", "target"}
+    with pytest.raises(TournamentError, match="fixed entrants"):
+        build_scheduler({"format": "exploit"}, [Entrant("x", True)], ["x"])
 
 
 def test_a_psro_run_reports_the_mixtures_exact_nash_conv(
