@@ -325,6 +325,31 @@ def test_reference_rebased_after_warm_start_survives_a_checkpoint(tiny_model_dir
     torch.testing.assert_close(batch.ref_logprobs, other.logprobs(batch))
 
 
+def test_a_moving_reference_is_rebased_every_n_updates(tiny_model_dir):
+    eng = make_engine(tiny_model_dir, algorithm=AlgorithmConfig(kl={"coef": 0.1,
+                                                                    "rebase_every": 2}),
+                      optim={"lr": 1e-2})
+    batch, _ = rollout_batch(eng)
+    eng.prepare(batch)
+    start = batch.ref_logprobs.clone()
+    for version in (1, 2, 3):
+        advantages(eng, batch)
+        eng.update(batch)
+        eng.prepare(batch)
+        if version == 1:  # not yet: the start is still the reference
+            torch.testing.assert_close(batch.ref_logprobs, start)
+        if version == 2:  # rebased after the second update: the reference is the policy
+            torch.testing.assert_close(batch.ref_logprobs, eng.logprobs(batch))
+            at_two = batch.ref_logprobs.clone()
+    torch.testing.assert_close(batch.ref_logprobs, at_two)  # kept through update 3
+    assert not torch.allclose(eng.logprobs(batch), at_two)
+    other = make_engine(tiny_model_dir, algorithm=AlgorithmConfig(kl={"coef": 0.1,
+                                                                      "rebase_every": 2}))
+    other.load_state_dict(eng.state_dict())  # a checkpoint carries the moved reference
+    other.prepare(batch)
+    torch.testing.assert_close(batch.ref_logprobs, at_two)
+
+
 @pytest.mark.parametrize("train_dropout", [False, True])
 def test_lora_dropout_is_off_in_rl_updates_so_the_first_ratio_is_one(tiny_model_dir,
                                                                      train_dropout):

@@ -19,6 +19,11 @@ class KLConfig(ConfigModel):
     controller: Literal["fixed", "adaptive"] = Field("fixed", description="How beta evolves.")
     target: float = Field(0.1, gt=0.0, description="Adaptive controller: target KL.")
     horizon: int = Field(10000, gt=0, description="Adaptive controller: horizon in samples.")
+    rebase_every: int | None = Field(
+        None, gt=0, description="Make the current weights the KL reference every N updates (a "
+        "moving reference: the proximal-point form of magnetic mirror descent, whose fixed point "
+        "is an equilibrium rather than one regularised toward the start); null keeps the start "
+        "(or the warm start) as the reference.")
 
 
 ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {

@@ -250,6 +250,9 @@ class Learner:
         if self.uses_reference:
             self.kl_ctl.update(metrics.get("actor/kl", 0.0), batch.size)
         self.version += 1
+        every = algo.kl.rebase_every
+        if every is not None and self.reference.needed and self.version % every == 0:
+            self.reference.rebase()  # a moving reference; checkpoints carry it
         return metrics | self.sync_rollout()
 
     def reconfigure(self, cfg: PolicyConfig) -> None:
