@@ -267,7 +267,7 @@ class LeagueWorkload(Workload):
         folder = ctl.run_dir.path / "exploiters" / f"step_{ctl.step}" / pid
         target = ctl.save_pretrained(pid, folder / "target")
         return train_exploiter(self.cfg, pid, target, folder / "run", opts.steps,
-                               opts.games_per_step, opts.games)
+                               opts.games_per_step, opts.games, run=run_fresh)
 
     def eval_seats(self, pid: str, opp: str, env: str) -> list[int]:
         """Seats of ``env`` where ``pid`` may play with ``opp`` in every other seat."""
@@ -378,6 +378,11 @@ class LeagueWorkload(Workload):
         if ctl.step == self.steps:
             for pid in self.learners:
                 ctl.save_pretrained(pid, ctl.run_dir.path / "final_models" / pid)
+
+
+def run_fresh(cfg: TournamentRunConfig) -> dict[str, float]:
+    """A league run of ``cfg`` from scratch (an exploiter's: its folder is started over)."""
+    return LeagueTrainer(cfg, start="new").run()
 
 
 class LeagueTrainer(Run):

@@ -83,10 +83,9 @@ class Learner:
         # Data-parallel hooks a pool worker installs (set_data_parallel); None trains alone.
         self.data_parallel: DataParallel | None = None
         self.passes = ForwardPasses(shared, cfg)
-        # An fp32 rollout of these weights by the HF backend computes the trainer's log-probs
-        # (measured gap ~2e-7 a token): with several optimizer steps per batch, "auto" takes the
-        # old log-probs from it instead of a separate forward pass, while every update's first
-        # step measures the gap and turns this off past ROLLOUT_MATCH_TOL.
+        # An fp32 HF rollout of these weights computes the trainer's log-probs (gap ~2e-7 a
+        # token): with several optimizer steps per batch "auto" takes the old log-probs from it,
+        # not a separate forward pass; each update's first step checks ROLLOUT_MATCH_TOL.
         self.rollout_matches = cfg.rollout.backend == "hf" and shared.autocast_dtype is None
         self.sync_rollout()  # vLLM: serve this policy's weights from the start
 
@@ -250,9 +249,7 @@ class Learner:
         if self.uses_reference:
             self.kl_ctl.update(metrics.get("actor/kl", 0.0), batch.size)
         self.version += 1
-        every = algo.kl.rebase_every
-        if every is not None and self.reference.needed and self.version % every == 0:
-            self.reference.rebase()  # a moving reference; checkpoints carry it
+        self.reference.after_update(self.version)
         return metrics | self.sync_rollout()
 
     def reconfigure(self, cfg: PolicyConfig) -> None:

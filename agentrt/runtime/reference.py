@@ -31,6 +31,7 @@ class Reference:
 
     def __init__(self, shared: SharedModel, policy_id: str, algo: AlgorithmConfig) -> None:
         self.shared, self.policy_id = shared, policy_id
+        self.rebase_every = algo.kl.rebase_every
         self.needed = algo.kl.coef > 0.0 or (algo.is_preference and algo.online)
         self.name: str | None = None
         self.warm_start = False
@@ -48,6 +49,12 @@ class Reference:
         self.name = f"{self.policy_id}@ref"
         self.shared.freeze(self.policy_id, self.name, serve=False)
         self.warm_start = True
+
+    def after_update(self, version: int) -> None:
+        """A moving reference (``algorithm.kl.rebase_every``): the current weights after every
+        N-th update (``version`` counts them); checkpoints carry it, as a warm start's."""
+        if self.rebase_every is not None and version % self.rebase_every == 0:
+            self.rebase()
 
     def state(self) -> dict[str, torch.Tensor] | None:
         """The weights a checkpoint carries: a warm-started reference's, else None."""

@@ -43,8 +43,9 @@ def test_eval_only_config_defaults_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"baselines.1.eval_only: 'perfect' is evaluation-only "
                                           r"but not in eval.opponents"):
         validate_config(bad, TournamentRunConfig)
-    with pytest.raises(ConfigError, match=r"eval.opponents \['perfekt'\] are not baseline "
-                                              r"ids; valid: random, perfect"):
+    with pytest.raises(ConfigError, match=r"eval.opponents \['perfekt'\] are not baselines or "
+                                          r"frozen policies \(trainable: false\); valid: "
+                                          r"random, perfect"):
         validate_config(league(tmp_path, tmp_path, eval={"opponents": ["perfekt"]}),
                         TournamentRunConfig)
 

@@ -239,7 +239,8 @@ def test_config_errors_are_one_sentence_and_registry_lists_formats() -> None:
     with pytest.raises(ConfigError, match="typo: Extra inputs"):
         build_scheduler({"format": "pfsp", "typo": 1}, FIXED, ["ttt"])
     # every built-in format is listed (a plugin imported by an earlier test may add its own)
-    with pytest.raises(KeyError, match="valid: exploit, fsp, .*lagged, league, mirror, pfsp, psro, round_robin"):
+    with pytest.raises(KeyError, match="valid: exploit, fsp, .*lagged, league, mirror, pfsp, "
+                                       "psro, round_robin"):
         SCHEDULERS.get("elimination")
     with pytest.raises(TournamentError, match="learning policy"):
         build_scheduler({"format": "pfsp"}, FIXED, ["ttt"])
