@@ -127,28 +127,20 @@ class PSRO(SelfPlayScheduler):
         w = np.array([self.mixture.get(p.key, 0.0) for p in pool])
         return self._choice(pool, w / w.sum() if w.sum() > 0 else None)
 
-    def on_step(self, step: int, versions: Mapping[str, int]) -> list[SnapshotEvent]:
-        """A learner enters the population when it beats the mixture (``snapshot.win_rate``)
-        or after ``snapshot.every`` steps; then its meta-game row is recorded and the mixture
-        re-solved."""
-        self.step = step
-        self.versions.update({k: int(v) for k, v in versions.items() if k in self.versions})
-        events = []
-        for pid in self.learners:
-            rate = self.mixture_win_rate(pid)
-            if not self.rule.ready(step - self.last_snapshot[pid], rate):
-                continue
-            row = {p.key: self.win_rates.rate(pid, p.key) for p in self.members()}
-            event = self._take_snapshot(pid)
-            if event is None:
-                continue
-            events.append(event)
-            new = event.player.key
-            self.meta.update({(new, k): r for k, r in row.items()})
-            for old in event.dropped:
-                self.meta = {ab: r for ab, r in self.meta.items() if old.key not in ab}
+    def _gate_rate(self, learner: str) -> float:
+        """A learner enters the population when it beats the mixture (``snapshot.win_rate``)."""
+        return self.mixture_win_rate(learner)
+
+    def _take_snapshot(self, pid: str, reset: bool = False) -> SnapshotEvent | None:
+        """The snapshot, then its meta-game row (the learner's rates now) and a new mixture."""
+        row = {p.key: self.win_rates.rate(pid, p.key) for p in self.members()}
+        event = super()._take_snapshot(pid, reset)
+        if event is not None:
+            self.meta.update({(event.player.key, k): r for k, r in row.items()})
+            dropped = {old.key for old in event.dropped}
+            self.meta = {ab: r for ab, r in self.meta.items() if not dropped & set(ab)}
             self._solve()
-        return events
+        return event
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(),

@@ -183,13 +183,17 @@ class SelfPlayScheduler(Scheduler):
         super().on_step(step, versions)
         events = []
         for pid in self.learners:
-            refs = [p.key for p in self._reference_opponents(pid)]
-            worst = float(self.win_rates.rates(pid, refs).min()) if refs else None
-            if self.rule.ready(step - self.last_snapshot[pid], worst):
+            if self.rule.ready(step - self.last_snapshot[pid], self._gate_rate(pid)):
                 event = self._take_snapshot(pid, reset=self._reset_after_snapshot(pid))
                 if event is not None:
                     events.append(event)
         return events
+
+    def _gate_rate(self, learner: str) -> float | None:
+        """The win rate a win-rate snapshot compares with ``snapshot.win_rate`` (default: the
+        lowest against the reference opponents; None without any)."""
+        refs = [p.key for p in self._reference_opponents(learner)]
+        return float(self.win_rates.rates(learner, refs).min()) if refs else None
 
     def _reference_opponents(self, learner: str) -> list[Player]:
         """Opponents whose win rates decide a win-rate snapshot (default: the whole pool, less
