@@ -7,7 +7,9 @@
   on the built-in Kuhn poker and on OpenSpiel's ``kuhn_poker``); :func:`kuhn_nash` builds the
   equilibrium family;
 - :class:`BargainHeuristic`: asks for what it values, accepts a good enough offer;
-- :class:`CalculatorAgent`: solves ``ToolUse-v0`` by calling the calculator, then answering.
+- :class:`CalculatorAgent`: solves ``ToolUse-v0`` by calling the calculator, then answering;
+- :class:`BestResponsePolicy`: a table of best-response moves the league computes and refreshes
+  (``kind: best_response``).
 
 Every policy takes a ``seed`` and is deterministic for a given sequence of requests. Configs name
 them by their key in :data:`SCRIPTED` (``kind: minimax``) or as ``package.module:Class``.
@@ -248,6 +250,44 @@ class BargainHeuristic(ScriptedPolicy):
         return "[propose " + " ".join(str(n) for n in share) + "]"
 
 
+# ----------------------------------------------------------------------------- best response
+class BestResponsePolicy(ScriptedPolicy):
+    """Plays a table of best-response moves (observation text -> the moves that reach the best
+    value, one drawn uniformly), random legal moves where the table has none. The league fills
+    the table with the exact best response to a learner's greedy play and refreshes it as the
+    learner changes (``kind: best_response``, ``target:``, ``every:``): AlphaStar's main
+    exploiter, computed instead of trained, for games whose tree is small enough to search."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.moves: dict[str, list[str]] = {}
+
+    def set_moves(self, moves: dict[str, list[str]]) -> None:
+        self.moves = {k: list(v) for k, v in moves.items()}
+
+    def _choices(self, request: ActRequest) -> list[str]:
+        legal = request.legal_actions or []
+        known = self.moves.get(request.observation)
+        return [m for m in known if m in legal] if known else legal
+
+    def choose(self, request: ActRequest) -> str:
+        choices = self._choices(request)
+        if not choices:
+            return str(self.rng.randrange(10))
+        return choices[self.rng.randrange(len(choices))]
+
+    def action_probs(self, request: ActRequest) -> dict[str, float] | None:
+        choices = self._choices(request)
+        return {m: 1.0 / len(choices) for m in choices} if choices else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "moves": self.moves}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.set_moves(state.get("moves", {}))
+
+
 # ----------------------------------------------------------------------------- tool use
 class CalculatorAgent(ScriptedPolicy):
     """Solves ``ToolUse-v0``: calls the calculator on the question, then answers its result."""
@@ -269,6 +309,7 @@ SCRIPTED.add("connect4", ConnectFourHeuristic)
 SCRIPTED.add("kuhn", KuhnPolicy)
 SCRIPTED.add("bargain", BargainHeuristic)
 SCRIPTED.add("calculator", CalculatorAgent)
+SCRIPTED.add("best_response", BestResponsePolicy)
 
 
 def scripted_factory(kind: str) -> ScriptedFactory:

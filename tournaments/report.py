@@ -288,12 +288,14 @@ def plot_payoff(matrix: WinMatrix, order: Sequence[str] | None = None) -> Figure
 
 def plot_eval_curves(rows: Sequence[dict[str, Any]]) -> Figure | None:
     """The run's evaluations (metrics.jsonl ``eval/win_rate_vs_*`` and ``eval/return_vs_*``,
-    one line per learner and opponent; exact ``eval/nash_conv/*``, ``eval/br_value/*`` and
+    one line per learner and opponent; exact ``eval/nash_conv/*``, ``eval/br_value/*``,
+    ``eval/blunders/*`` and
     ``eval/nash_conv_mixture/*``; the exploiter's ``eval/exploiter/*``) over training steps;
     None when there are none."""
     panels = {"win_rate": "evaluation: win rate", "return": "evaluation: mean return",
               "nash_conv": "exploitability: NashConv (exact)",
               "br_value": "exploitability: best-response value (exact)",
+              "blunders": "exploitability: states where greedy play gives value away (exact)",
               "nash_conv_mixture": "exploitability: NashConv of the meta-strategy (exact)",
               "exploiter": "exploitability: exploiter's final win rate (approximate)"}
     series: dict[str, dict[str, list[tuple[int, float]]]] = {}

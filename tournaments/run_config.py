@@ -50,6 +50,20 @@ def _scripted_kind(kind: str) -> str:
     return kind
 
 
+def _check_tree_envs(field: str, envs: Any) -> None:
+    """A ValueError unless every env has an exact game tree (a best response is computed)."""
+    from agentrt.tournaments.exploit_games import exact_method
+
+    for i, env in enumerate(envs):
+        if exact_method(env.id, dict(env.kwargs)) != "tree":
+            raise ValueError(f"{field}: kind best_response needs a two-player game with a "
+                             f"searchable tree (state_key()); {env.id} has none")
+        if env.template.history:
+            raise ValueError(f"{field}: kind best_response searches {env.id}'s tree, which "
+                             f"needs envs.{i}.template.history: false (each prompt depending "
+                             "on the move order is past exact search)")
+
+
 def _flag(value: Any) -> bool:
     """A raw config boolean as pydantic reads it (True, "true", "yes", 1); False if it is none."""
     try:
@@ -151,8 +165,19 @@ class BaselineConfig(Section):
     eval_only: bool = Field(
         False, description="Only evaluation plays it (eval.opponents): never scheduled in "
                            "training matches, so never rated; `tournament eval` rates it.")
+    target: str | None = Field(
+        None, description="kind best_response: the learner it answers (its exact best response "
+                          "to that learner's greedy play, over the whole game tree).")
+    every: int = Field(10, gt=0, description="kind best_response: recompute it every N steps.")
 
     _kind = field_validator("kind")(_scripted_kind)
+
+    @model_validator(mode="after")
+    def _target_for_best_response(self) -> BaselineConfig:
+        if (self.kind == "best_response") != (self.target is not None):
+            raise ValueError(f"baseline {self.id!r}: target names the learner a best_response "
+                             "answers; it is needed with kind best_response and only there")
+        return self
 
 
 class WarmStartConfig(Section):
@@ -387,6 +412,13 @@ class TournamentRunConfig(RunConfig):
             raise ValueError(f"eval.opponents {missing} are not baselines or frozen policies "
                              "(trainable: false); valid: "
                              f"{', '.join(valid) or 'none (add baselines)'}")
+        learners = [p.id for p in self.policies if p.trainable]
+        for i, b in enumerate(self.baselines):
+            if b.target is not None and b.target not in learners:
+                raise ValueError(f"baselines.{i}.target: {b.target!r} is not a trainable "
+                                 f"policy; learners: {', '.join(learners) or 'none'}")
+            if b.target is not None:
+                _check_tree_envs(f"baselines.{i}", self.envs)
         unused = [(i, b.id) for i, b in enumerate(self.baselines)
                   if b.eval_only and b.id not in self.eval.opponents]
         if unused:

@@ -24,7 +24,8 @@ from agentrt.memory.policy import wire_memories
 from agentrt.policies.base import Action, ActRequest
 from agentrt.policies.lm import LMPolicy
 from agentrt.policies.scripted import load_scripted_state, scripted_factory, scripted_state
-from agentrt.tournaments.exploit_games import exploit_metrics, mixture_metrics
+from agentrt.tournaments.exploit_games import (best_response_moves, exploit_metrics,
+                                               mixture_metrics)
 from agentrt.tournaments.exploiter import train_exploiter
 from agentrt.tournaments.report import (
     SEAT_RESULTS,
@@ -95,6 +96,23 @@ def to_result(match: Match, record: EpisodeRecord) -> MatchResult:
                        info={"ended_by": record.ended_by, "env_seed": record.seed})
 
 
+def refresh_best_responses(cfg: TournamentRunConfig, baselines: dict[str, Any],
+                           lm: dict[str, LMPolicy], step: int) -> dict[str, float]:
+    """Each ``kind: best_response`` baseline due at ``step`` recomputes its table: the exact
+    best response to its target's greedy play now (scored at the sampling temperature, as the
+    exploitability eval does). Metrics: the size of each table recomputed."""
+    out = {}
+    for b in cfg.baselines:
+        if b.target is None or step % b.every:
+            continue
+        moves: dict[str, list[str]] = {}
+        for env in cfg.envs:
+            moves |= best_response_moves(env.id, dict(env.kwargs), lm[b.target])
+        baselines[b.id].set_moves(moves)
+        out[f"league/best_response_states/{b.id}"] = float(len(moves))
+    return out
+
+
 class LeagueWorkload(Workload):
     """Matches of a tournament for the controller loop (see the module docstring)."""
 
@@ -161,7 +179,7 @@ class LeagueWorkload(Workload):
         for pid in self.learners:
             ctl.snapshot(pid, 0)
         self.tournament.on_step(0, {pid: versions[pid] for pid in self.learners})
-        return metrics
+        return metrics | refresh_best_responses(self.cfg, self.baselines, self.lm, 0)
 
     def _teacher_games(self, i: int) -> list[EpisodeSpec]:
         """Warm-start step ``i``'s games of the teacher against itself, in every env."""
@@ -217,7 +235,7 @@ class LeagueWorkload(Workload):
                 ctl.drop_snapshot(old.key)
         if self.progress and step % max(1, self.eval_every) == 0:
             log.info("%s", self.tournament.progress_line())
-        return {}
+        return refresh_best_responses(self.cfg, self.baselines, self.lm, step)
 
     def done(self) -> bool:
         return self.tournament.done

@@ -14,7 +14,8 @@ PANELS = (
 # Panels of every metric with this prefix, one line each (e.g. per eval opponent of a league).
 PREFIX_PANELS = (("eval/win_rate_vs_", "eval win rate"), ("eval/return_vs_", "eval mean return"),
                  ("eval/nash_conv/", "NashConv (exact)"),
-                 ("eval/br_value/", "best-response value (exact)"))
+                 ("eval/br_value/", "best-response value (exact)"),
+                 ("eval/blunders/", "greedy blunders (exact)"))
 
 
 def _label(key: str) -> str:
