@@ -61,6 +61,11 @@ class AlgorithmConfig(ConfigModel):
     rae_init: Literal["batch", "zero"] = Field(
         "batch", description="RAE: a new role baseline starts at its first batch's mean or at 0 "
                              "(SPIRAL).")
+    rae_per_state: bool = Field(
+        False, description="RAE, turns as rows (template.history false): one baseline per "
+        "prompt (the state the policy saw) and opponent line, starting at its role's, so a "
+        "turn's advantage is its return against the mean return from that same state "
+        "(turn-level credit; a tabular critic over the prompts seen).")
     kl: KLConfig = Field(default_factory=KLConfig)
     ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
     train_dropout: bool = Field(

@@ -46,7 +46,10 @@ See docs/tournaments.md ("RAE") for what the trainer must do.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import threading
+from array import array
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Iterator
@@ -100,14 +103,21 @@ class RAEState:
         """
         a = self.alpha if alpha is None else alpha
         returns = scores.detach().double().tolist()
+        parents = [state_parent(g) for g in group_ids]
         with self._lock:
             if self.init == "batch":  # a new group starts at its first batch's mean
-                for g, rows in _group_index(group_ids).items():
+                for g, rows in _group_index([p or g for p, g in zip(parents, group_ids)]).items():
                     if g not in self._b:
                         self._b[g] = sum(returns[i] for i in rows) / len(rows)
                         self._n[g] = 0
             base = []
-            for g, r in zip(group_ids, returns):
+            for g, parent, r in zip(group_ids, parents, returns):
+                if parent is not None:  # a state's baseline starts at its role's, then its own
+                    if g not in self._b:
+                        self._b[g], self._n[g] = self._b.get(parent, 0.0), 0
+                    pb = self._b.get(parent, 0.0)
+                    self._b[parent] = a * pb + (1.0 - a) * r
+                    self._n[parent] = self._n.get(parent, 0) + 1
                 b = self._b.get(g, 0.0)
                 base.append(b)
                 self._b[g] = a * b + (1.0 - a) * r
@@ -133,6 +143,29 @@ class RAEState:
         with self._lock:
             self._b.clear()
             self._n.clear()
+
+
+STATE_PREFIX = "state="
+
+
+def state_key(group: GroupKey, prompt_ids: list[int]) -> GroupKey:
+    """The per-state group of a one-turn row (``algorithm.rae_per_state``): its role group's
+    key with the prompt's digest and the opponents as its task, so one state against one line
+    of opponents shares a baseline (the prompt is the state the policy saw)."""
+    digest = hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=8).hexdigest()
+    opponents = ",".join(group.opponents or ())
+    return dataclasses.replace(group, opponents=None,
+                               task=f"{STATE_PREFIX}{digest}/vs={opponents}")
+
+
+def state_parent(group: Any) -> GroupKey | None:
+    """The role group a per-state group (:func:`state_key`) falls back to; None for others."""
+    task = getattr(group, "task", None)
+    if not task or not task.startswith(STATE_PREFIX):
+        return None
+    names = task.partition("/vs=")[2]
+    return dataclasses.replace(group, task=None,
+                               opponents=tuple(names.split(",")) if names else ())
 
 
 RAE_BASELINES = RAEState()  # process-wide default state

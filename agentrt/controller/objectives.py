@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from agentrt.algos.rae import state_key
 from agentrt.config.sections import PolicyConfig, SFTConfig
 from agentrt.controller.progress import StepProgress
 from agentrt.core.types import Trajectory, Turn
@@ -56,13 +57,17 @@ def training_trajectories(trajs: list[Trajectory]) -> list[Trajectory]:
     return out
 
 
-def rae_regroup(traj: Trajectory) -> Trajectory:
+def rae_regroup(traj: Trajectory, per_state: bool = False) -> Trajectory:
     """RAE baselines last across steps, so their group is (env, seat, policy, opponents)
     without snapshot versions: opponents ``("lm",)`` for every ``lm@k`` (whatever the task or
     seed), so a new snapshot continues its line's baseline instead of starting cold. (GRPO
-    groups keep the versions: they live within one step.)"""
+    groups keep the versions: they live within one step.) ``per_state``
+    (``algorithm.rae_per_state``): a one-turn row's group is also keyed by its prompt
+    (:func:`agentrt.algos.rae.state_key`)."""
     opponents = tuple(o.split("@")[0] for o in traj.info.get("opponents", []))
     group = dataclasses.replace(traj.group_id, task=None, seed=None, opponents=opponents)
+    if per_state and len(traj.turns) == 1:
+        group = state_key(group, traj.turns[0].prompt_ids)
     return dataclasses.replace(traj, group_id=group)
 
 
@@ -132,7 +137,7 @@ def learn(pool: Any, pid: str, cfg: PolicyConfig, data: list[Any], pairs: str = 
         return metrics
     trajs = training_trajectories(list(data))
     if algo.advantage == "rae":
-        trajs = [rae_regroup(t) for t in trajs]
+        trajs = [rae_regroup(t, algo.rae_per_state) for t in trajs]
     if not trajs:
         return {}
     return pool.train(trajs, adapter=pid)

@@ -248,3 +248,36 @@ def test_league_rae_groups_drop_snapshot_versions() -> None:
     replayed = Trajectory([Turn([1], [2], [0.0])],  # late feedback on a prompt: its own group
                           group_id=GroupKey("Task-v0", "agent_0", "lm", task="ex3", replay_step=4))
     assert str(rae_regroup(replayed).group_id) == "feedback|s4|Task-v0|agent_0|lm|vs="
+
+
+def test_per_state_baselines_credit_the_move_not_the_position() -> None:
+    """``rae_per_state``: each one-turn row is measured against the mean return from its own
+    prompt (starting at its role's baseline), so a won position's turns stop getting credit for
+    the position, while the role baseline (folded by every row) still follows the win rate."""
+    from agentrt.algos.rae import state_key, state_parent
+    from agentrt.controller.objectives import rae_regroup
+    from agentrt.core.types import Trajectory, Turn
+
+    env = 'TicTacToe-v0{"compact": true}'
+    role = GroupKey(env, "player_1", "lm", opponents=("minimax",))
+
+    def row(prompt: list[int]) -> Trajectory:
+        return rae_regroup(Trajectory([Turn(prompt, [2], [0.0])], info={"opponents": ["minimax"]},
+                                      group_id=role), per_state=True)
+
+    won, lost = row([1, 5, 7]).group_id, row([1, 5, 8]).group_id
+    assert won != lost and state_parent(won) == state_parent(lost) == role
+    assert GroupKey.parse(str(won)) == won  # checkpoints keep the keys as strings
+    assert state_key(role, [1, 5, 7]) == won and state_parent(role) is None
+    assert rae_regroup(Trajectory([Turn([1], [2], [0.0]), Turn([1, 2, 3], [4], [0.0])],
+                                  info={"opponents": ["minimax"]}, group_id=role),
+                       per_state=True).group_id == role  # a whole game in one row: no state
+    state = RAEState(alpha=0.5)
+    groups, scores = [won, lost] * 20, [1.0, -1.0] * 20
+    with use_rae_state(state):
+        adv, _ = ADVANTAGES.get("rae")(_inputs(scores, groups),
+                                            AlgorithmConfig(advantage="rae"))
+    first = adv[:2, 4].tolist()
+    assert first == [1.0, -1.5]  # each starts at the role's baseline then: 0, then 0.5
+    assert adv[-2:, 4].abs().max() < 1e-3  # then each state's own mean return
+    assert abs(state.baseline(role)) < 0.5  # the role line folds every row
