@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -26,7 +27,7 @@ import numpy as np
 from agentrt.memory.bank import MemoryBank
 from agentrt.memory.config import BankConfig
 from agentrt.memory.embedders import Embedder
-from agentrt.memory.errors import DimensionError, InvalidRecordError
+from agentrt.memory.errors import DimensionError, InvalidRecordError, MemoryBankError
 from agentrt.memory.persist import (
     atomic_write_bytes,
     decode_vectors,
@@ -36,6 +37,13 @@ from agentrt.memory.persist import (
     write_snapshot,
 )
 from agentrt.memory.records import Record
+
+
+# Every name a bank writes in its folder: snapshots, logs, and persist.py's temporary files
+# (".<name>.<8 hex>.tmp", and ".<snapshot>.<8 hex>.old" of a replaced snapshot).
+_WRITTEN = re.compile(r"snap-\d{12}|wal-\d{12}\.jsonl|"
+                      r"\.(?:snap-\d{12}|CURRENT|bank\.json)\.[0-9a-f]{8}\.tmp|"
+                      r"\.snap-\d{12}\.[0-9a-f]{8}\.old")
 
 
 class FaissBank(MemoryBank):
@@ -64,6 +72,11 @@ class FaissBank(MemoryBank):
     # ---- folder ------------------------------------------------------------------------------
     def _open_folder(self) -> None:
         assert self.path is not None
+        if self.path.is_dir() and not (self.path / "bank.json").exists() and any(
+                self.path.iterdir()):
+            raise MemoryBankError(
+                f"memory bank {self.name!r}: {str(self.path)!r} holds other files and no "
+                "bank.json, so it is not a bank folder; give a new or empty folder as its path")
         self.path.mkdir(parents=True, exist_ok=True)
         self._check_identity()
         current = self.path / "CURRENT"
@@ -99,10 +112,11 @@ class FaissBank(MemoryBank):
         return self.path / f"wal-{seq:012d}.jsonl"  # type: ignore[operator]
 
     def _remove_stale(self, keep_seq: int) -> None:
-        """Deletes snapshots and logs other than the live ones (left by a crash mid-rotation)."""
+        """Deletes snapshots, logs and temporary files other than the live ones (left by a crash
+        mid-rotation): only names this bank writes (:data:`_WRITTEN`), never anything else."""
         keep = {f"snap-{keep_seq:012d}", self._log_path(keep_seq).name, "CURRENT", "bank.json"}
         for entry in self.path.iterdir():  # type: ignore[union-attr]
-            if entry.name not in keep and entry.name.startswith(("snap-", "wal-", ".")):
+            if entry.name not in keep and _WRITTEN.fullmatch(entry.name):
                 if entry.is_dir():
                     shutil.rmtree(entry, ignore_errors=True)
                 else:

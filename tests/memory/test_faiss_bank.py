@@ -209,3 +209,45 @@ def test_hnsw_recall_at_10_against_flat_is_at_least_095():
         approx = {h.id for h in banks["hnsw"].query(vector=q, k=10)}
         recalls.append(len(exact & approx) / 10)
     assert np.mean(recalls) >= 0.95, np.mean(recalls)
+
+
+def test_a_folder_that_is_not_a_bank_is_refused_and_left_as_it_was(tmp_path):
+    """Issue 41 (1): a bank's path naming an existing folder of other files (a home folder, a
+    repository) is refused before anything is written, and none of its files is touched."""
+    from agentrt.memory.errors import MemoryBankError
+
+    home = tmp_path / "home"
+    for name in (".git/HEAD", ".ssh/id_ed25519", ".env", "snap-notes.txt", "wal-2024.jsonl"):
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text(name)
+    before = sorted(p.relative_to(home) for p in home.rglob("*"))
+    with pytest.raises(MemoryBankError, match="holds other files and no bank.json"):
+        FaissBank(bank_config(name="b", dim=DIM), home)
+    assert sorted(p.relative_to(home) for p in home.rglob("*")) == before
+    assert all((home / n).read_text() == n for n in (".env", ".git/HEAD", "snap-notes.txt"))
+
+
+def test_stale_cleanup_removes_only_what_a_bank_writes(tmp_path):
+    """A crash mid-rotation leaves an old snapshot, log and temporary files: they go on reopen;
+    a user's files in the bank folder (dot-files, look-alike names) stay."""
+    cfg = bank_config(name="c", dim=DIM)
+    bank = FaissBank(cfg, tmp_path)
+    ids = fill(bank, unit(np.random.default_rng(7), 6))
+    bank.checkpoint()
+    bank.close()
+    stale_dirs = ["snap-000000000000", ".snap-000000000009.0a1b2c3d.tmp",
+                  ".snap-000000000002.12345678.old"]
+    stale_files = [".CURRENT.deadbeef.tmp", ".bank.json.0badc0de.tmp", "wal-000000000000.jsonl"]
+    mine = [".keep", ".envrc", "snap-backup", "wal-notes.jsonl", ".CURRENT.tmp"]
+    for name in stale_dirs:
+        (tmp_path / name).mkdir()
+    for name in stale_files:
+        (tmp_path / name).write_text("")
+    for name in mine:
+        (tmp_path / name).write_text("mine")
+    stale = stale_dirs + stale_files
+    again = FaissBank(cfg, tmp_path)
+    assert {r.id for r in again.records()} == set(ids)
+    assert not [n for n in stale if (tmp_path / n).exists()]
+    assert all((tmp_path / n).read_text() == "mine" for n in mine)
+    again.close()
