@@ -85,6 +85,7 @@ TRAIN = [("train.steps", True, "expected a number"), ("train.steps", -1, "train.
          ("data.path", "/no/such.jsonl", "data.path"), ("data.format", "xml", "data.format"),
          ("data.eval_fraction", 1.5, "eval_fraction"), ("train", [1, 2], "train"),
          ("policy", "lm", "policy"), ("trian", {"steps": 1}, "trian: Extra inputs"),
+         ("policy.id", "a/b", "policy id 'a/b' names folders"),
          ("task", {"name": "dataset", "options": {"path": "/no/such.parquet"}}, "does not exist"),
          ("task", {"name": "dataset", "options": {"path": PAIRS, "format": "xml"}}, "format"),
          ("task", {"name": "dataset", "options": {"path": PAIRS, "columns": {"answer": "ans"}}},
@@ -121,6 +122,10 @@ TOURNAMENT = [("envs.0.id", "Nope-v0", "unknown env 'Nope-v0'"), ("envs", [], "e
               ("train.games_per_step", 0, "games_per_step"), ("eval.games", -2, "eval.games"),
               ("eval.opponents", ["ghost"], "ghost"), ("policies", [], "policies"),
               ("policies.0.roles", ["dealer"], "roles"), ("policies.0.id", 7, "policies.0.id"),
+              ("policies.0.id", "../outside", "policy id '../outside' names folders"),
+              ("policies.0.id", "/tmp/abs", "policy id '/tmp/abs' names folders"),
+              ("baselines.0.kind", "best_response", "target names the learner"),
+              ("baselines.0.target", "lm", "target names the learner"),
               ("memory.banks", {"b": {"backend": "mongo"}}, "backend"),
               ("drift.window_steps", 0, "drift.window_steps")]
 DECOMPOSE = [("family.name", "poetry", "family.name"), ("family.train_size", 0, "train_size"),
@@ -134,7 +139,8 @@ DECOMPOSE = [("family.name", "poetry", "family.name"), ("family.train_size", 0, 
                                                            "expected a number"),
              ("train.tasks_per_step", 0, "tasks_per_step"),
              ("tools", [{"id": "t", "fn": "no_such_mod_x:f", "skills": ["div"]}], "tools.0.fn"),
-             ("drift.reference", "rolling", "drift.reference")]
+             ("drift.reference", "rolling", "drift.reference"),
+             ("policies.1.id", "..", "policy id '..' names folders")]
 
 
 def _cases() -> dict[str, tuple[str, str, Any, str]]:

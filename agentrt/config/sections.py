@@ -170,6 +170,17 @@ class PolicyConfig(Section):
     def _template(cls, value: str) -> str:
         return check_template(value)
 
+    @field_validator("id")
+    @classmethod
+    def _id_is_a_name(cls, value: str) -> str:
+        """An id names folders in the run folder (final_models/<id>, final/<id>, exploiters/...),
+        so it must stay one plain name there (issue 41, finding 5)."""
+        if (any(c in value for c in "/\\\0:") or value.strip(".") == ""
+                or value != value.strip()):
+            raise ValueError(f"policy id {value!r} names folders in the run folder; use a plain "
+                             "name: no '/', '\\' or ':', no surrounding spaces, not only dots")
+        return value
+
     @model_validator(mode="after")
     def _share_prefix_needs_packing(self) -> PolicyConfig:
         if self.share_prefix and not self.packing and "share_prefix" in self.model_fields_set:
