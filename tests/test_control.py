@@ -296,3 +296,47 @@ def test_a_restarted_ray_worker_keeps_the_live_values(ray_session, tmp_path) -> 
         assert pool.state_dict()["policies"]["p"]["scheduler"]["base_lrs"] == [5e-4]
     finally:
         pool.shutdown()
+
+
+def test_control_json_cannot_pick_a_secret_or_send_one_elsewhere(tmp_path, monkeypatch) -> None:
+    """Issue 41 (2): whoever can write a shared run folder writes its control.json. agentrt ctl
+    reads only AGENTRT_... variables and sends a token from the environment only to this
+    machine; a real endpoint on loopback still gets it. The config refuses other names too."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Catch(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            seen.append(self.headers.get("Authorization", ""))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"ok": true}')
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Catch)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setenv("MY_CLOUD_SECRET", "s3cr3t")
+    monkeypatch.setenv("AGENTRT_CTL_TOKEN", "ctl-token")
+    cases = [({"url": url, "token_env": "MY_CLOUD_SECRET"}, "only reads variables named"),
+             ({"url": "http://198.51.100.7:8080", "token_env": "AGENTRT_CTL_TOKEN"},
+              "points at '198.51.100.7', not this machine")]
+    try:
+        for endpoint, message in cases:
+            (tmp_path / "control.json").write_text(json.dumps(endpoint))
+            code, out, err = ctl(str(tmp_path), "status")
+            assert code == 2 and err.count("\n") == 1 and message in err, err
+        assert seen == []  # nothing was sent anywhere
+        (tmp_path / "control.json").write_text(json.dumps(
+            {"url": url, "token_env": "AGENTRT_CTL_TOKEN"}))
+        assert send(tmp_path, None) == {"ok": True} and seen == ["Bearer ctl-token"]
+    finally:
+        server.shutdown()
+    from agentrt.config.control import ControlConfig
+
+    with pytest.raises(ValueError, match="token_env"):
+        ControlConfig(enabled=True, token_env="MY_CLOUD_SECRET")

@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
+import re
+
 from pydantic import Field, model_validator
 
 from agentrt.core.schema import ConfigModel
 from agentrt.memory.config import RedisConfig
+
+# The names a run's control token may be read from: agentrt's own variables only, so a run
+# folder's control.json cannot make `agentrt ctl` read another secret of the shell.
+TOKEN_ENV = re.compile(r"^AGENTRT_[A-Z0-9_]+$")
 
 
 class ControlHttpConfig(ConfigModel):
@@ -35,8 +41,10 @@ class ControlConfig(ConfigModel):
     enabled: bool = Field(False, description="Take commands while the run runs.")
     http: ControlHttpConfig = Field(default_factory=ControlHttpConfig)
     token_env: str = Field(
-        "AGENTRT_CTL_TOKEN", min_length=1, description="Environment variable holding the "
-        "HTTP token; unset: a random token is made at start and written to control.json (0600).")
+        "AGENTRT_CTL_TOKEN", min_length=1, pattern=TOKEN_ENV.pattern,
+        description="Environment variable holding the HTTP token, named AGENTRT_... (the only "
+        "names `agentrt ctl` reads); unset: a random token is made at start and written to "
+        "control.json (0600).")
     redis: ControlRedisConfig | None = Field(
         None, description="Also read commands from a Redis stream ({url, stream}); None: no.")
     feedback: FeedbackConfig = Field(default_factory=FeedbackConfig)

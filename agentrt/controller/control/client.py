@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from agentrt.config.control import TOKEN_ENV
 from agentrt.controller.control.config import ControlError, ENDPOINT
+
+LOOPBACK = ("localhost", "::1")
 
 
 def endpoint(run_dir: Path) -> dict[str, Any]:
@@ -33,6 +37,27 @@ def endpoint(run_dir: Path) -> dict[str, Any]:
     return found
 
 
+def _token_from_env(found: dict[str, Any]) -> str:
+    """The token from this shell's environment, in the variable ``control.json`` names. The
+    run folder may be writable by others, so the file may not pick any secret of this shell,
+    nor send one elsewhere (issue 41, finding 2): the variable must be one of agentrt's
+    (:data:`TOKEN_ENV`), and the URL must be on this machine."""
+    name = str(found.get("token_env") or "")
+    if not TOKEN_ENV.fullmatch(name):
+        raise ControlError(f"control.json names the token variable {name!r}; agentrt ctl only "
+                           "reads variables named AGENTRT_..., so no other secret of this shell "
+                           "is sent")
+    host = urllib.parse.urlsplit(str(found["url"])).hostname or ""
+    if host not in LOOPBACK and not host.startswith("127."):
+        raise ControlError(f"control.json points at {host!r}, not this machine; agentrt ctl "
+                           f"sends the token from ${name} only to 127.0.0.1, ::1 or localhost "
+                           "(reach a remote run through an SSH tunnel)")
+    token = os.environ.get(name, "")
+    if not token:
+        raise ControlError(f"the run's control token comes from ${name}; set it in this shell")
+    return token
+
+
 def send(run_dir: Path, command: dict[str, Any] | None, token: str | None = None
          ) -> dict[str, Any]:
     """Sends ``command`` to the run in ``run_dir`` (None: GET /status); the reply.
@@ -45,10 +70,7 @@ def send(run_dir: Path, command: dict[str, Any] | None, token: str | None = None
     import urllib.request
 
     found = endpoint(run_dir)
-    token = token or found.get("token") or os.environ.get(found.get("token_env") or "", "")
-    if not token:
-        raise ControlError(f"the run's control token comes from ${found.get('token_env')}; "
-                           "set it in this shell")
+    token = token or found.get("token") or _token_from_env(found)
     url = found["url"] + ("/commands" if command is not None else "/status")
     body = None if command is None else json.dumps(command).encode()
     request = urllib.request.Request(url, data=body, method="POST" if body else "GET",
