@@ -16,15 +16,14 @@ a saved config still connects when it is read back.
 from __future__ import annotations
 
 import os
-import re
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (Field, SecretStr, ValidationError, field_serializer,
                       model_validator)
 
 from agentrt.memory.errors import MemoryBankError
 from agentrt.core.schema import ConfigModel
+from agentrt.core.urls import redact  # noqa: F401  (memory's name for it, used by its callers)
 
 
 class _Section(ConfigModel):
@@ -98,15 +97,6 @@ class RedisConfig(_Section):
         return self.password.get_secret_value() if self.password is not None else None
 
 
-def redact(url: str) -> str:
-    """The URL with its password (``:pw@`` or ``?password=pw``) replaced by ***, for files,
-    messages and logs."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
-    query = re.sub(r"(^|&)password=[^&]*", r"\1password=***", parts.query)
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 class BankConfig(_Section):

@@ -305,3 +305,21 @@ def test_bad_reward_sources_are_one_line_naming_the_field(tmp_path, nano_dir):
         check_reward(parse_reward({"model": str(nano_dir)}))
     with pytest.raises(ConfigError, match=r"^reward\.0\.python: unknown reward 'nope'"):
         check_reward(parse_reward([{"python": "nope"}]))
+
+
+def test_reward_url_credentials_stay_out_of_files_and_messages(tmp_path):
+    """Issue 41 (10): a reward URL's password and API key are *** in the saved config (so in
+    versions.json, which reads it) and in the unreachable-URL line; the request keeps them."""
+    from agentrt.config.load import dump_config
+    from agentrt.core.errors import ConfigError
+    from agentrt.rewards.sources import HttpSource
+
+    url = f"http://bob:hunter2@127.0.0.1:{_free_port()}/score?api_key=k-123&mode=fast"
+    src = HttpSource(http=url)
+    assert src.http == url  # what the executor sends
+    saved = dump_config(src)
+    assert "hunter2" not in saved and "k-123" not in saved
+    assert "bob:***@" in saved and "api_key=***&mode=fast" in saved
+    with pytest.raises(ConfigError) as err:
+        src.check("reward.0")
+    assert "hunter2" not in str(err.value) and "k-123" not in str(err.value)

@@ -30,6 +30,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from agentrt.core.urls import redact
 from agentrt.rewards.executors import RewardExecutor, Sample, Scores
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class HttpExecutor(RewardExecutor):
                     False
             values, errors = _parse(answer, len(batch))
             return values, errors, attempt, _span(first_fail), False
-        why = (f"{self.src.http} did not answer after {self.src.retries + 1} tries over "
+        why = (f"{redact(self.src.http)} did not answer after {self.src.retries + 1} tries over "
                f"{time.monotonic() - (first_fail or time.monotonic()):.1f} s ({reason})")
         log.warning("reward source %r: %s; %d samples failed", self.name, why, len(batch))
         return [0.0] * len(batch), [why] * len(batch), self.src.retries, _span(first_fail), True
@@ -105,11 +106,11 @@ class HttpExecutor(RewardExecutor):
             if exc.code == 429 or exc.code >= 500:
                 raise ConnectionError(f"HTTP {exc.code}") from None
             detail = exc.read()[:200].decode("utf-8", "replace")
-            raise _Refused(f"{self.src.http} answered HTTP {exc.code}: {detail}") from None
+            raise _Refused(f"{redact(self.src.http)} answered HTTP {exc.code}: {detail}") from None
         try:
             return json.loads(raw)
         except ValueError:
-            raise _Refused(f"{self.src.http} answered something that is not JSON") from None
+            raise _Refused(f"{redact(self.src.http)} answered something that is not JSON") from None
 
 
 class _Refused(Exception):

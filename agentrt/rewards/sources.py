@@ -18,11 +18,12 @@ import socket
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_serializer, field_validator
 
 from agentrt.core.errors import ConfigError
 from agentrt.core.registry import Registry
 from agentrt.core.schema import ConfigModel
+from agentrt.core.urls import redact
 from agentrt.rewards.classifier import classifier_labels
 
 if TYPE_CHECKING:
@@ -119,6 +120,11 @@ class HttpSource(RewardSource):
     token_env: str | None = Field(
         None, description="Environment variable holding a bearer token sent as "
         "'Authorization: Bearer ...' (the token itself never goes into a config).")
+
+    @field_serializer("http", when_used="json")
+    def _redacted_url(self, url: str) -> str:
+        """config.yaml, versions.json and messages show the URL without its credentials."""
+        return redact(url)
 
     @field_validator("http")
     @classmethod
@@ -229,5 +235,5 @@ def reachable(url: str, field: str, timeout_s: float) -> None:
         socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
     except OSError as exc:
         why = exc.strerror or type(exc).__name__
-        raise ConfigError(f"{field}: cannot reach {url} ({why.lower()}); start the reward "
+        raise ConfigError(f"{field}: cannot reach {redact(url)} ({why.lower()}); start the reward "
                           "service or fix the URL") from None
