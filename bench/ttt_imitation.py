@@ -5,8 +5,9 @@ A fresh model (``--preset``, the demo's compact board and prompt) is trained by 
 fine-tuning on every one of the 4,520 reachable positions, each labelled with a move drawn
 uniformly from the minimax-optimal ones (redrawn per visit), positions drawn uniformly, ``--batch``
 per step at ``--lr``. Every ``--every`` steps it prints the exact measures of the greedy policy:
-blunders per seat (states it can be led to where its move gives game value away; 0 is
-unexploitable) and the best-response value per seat, with the seconds spent training so far.
+the mean training loss since the last print, the share of all positions where its move is a
+perfect one, blunders per seat (states it can be led to where its move gives game value away;
+0 is unexploitable) and the best-response value per seat, with the seconds spent training.
 
 This is no recipe (the labels come from a perfect player); it separates what the model and the
 time budget allow from what a league's credit assignment does with them.
@@ -31,6 +32,7 @@ from agentrt.policies.lm import LMPolicy, PromptTemplate
 from agentrt.policies.scripted import ttt_best_moves
 from agentrt.runtime.pool import LocalPool
 from agentrt.tournaments.exploit_games import tree_best_response
+from agentrt.tournaments.exploitability import distributions
 
 ENV, KWARGS = "TicTacToe-v0", {"compact": True}
 
@@ -77,12 +79,18 @@ def main() -> None:
                 for r in reqs]
         eos = lm.tokenizer.eos_token_id
         print(f"{args.preset}: {len(reqs)} positions, batch {args.batch}, lr {args.lr}")
-        trained = 0.0
+        trained, losses = 0.0, []
         for step in range(args.steps + 1):
             if step % args.every == 0:
                 got = tree_best_response(ENV, KWARGS, lm)
-                print(f"step {step:5d}  train {trained:6.1f} s  blunders X {got['blunders/seat0']:4.0f}"
-                      f" O {got['blunders/seat1']:4.0f}  br_value X "
+                dists = distributions(lm, reqs)
+                right = sum(r.legal_actions[d.greedy()] in b
+                            for r, d, b in zip(reqs, dists, best)) / len(reqs)
+                loss = sum(losses) / max(1, len(losses))
+                losses = []
+                print(f"step {step:5d}  train {trained:6.1f} s  loss {loss:.3f}  perfect moves "
+                      f"{right:.3f} of positions  blunders X {got['blunders/seat0']:4.0f} O "
+                      f"{got['blunders/seat1']:4.0f}  br_value X "
                       f"{got['br_value/seat0/greedy']:.2f} O {got['br_value/seat1/greedy']:.2f}",
                       flush=True)
             if step == args.steps:
@@ -93,7 +101,7 @@ def main() -> None:
                 rows.append(Trajectory([Turn(prompts[i], move, [0.0] * len(move))],
                                        policy_id="lm"))
             start = time.perf_counter()
-            pool.sft_step(rows, sft, adapter="lm")
+            losses.append(pool.sft_step(rows, sft, adapter="lm")["sft/loss"])
             trained += time.perf_counter() - start
 
 
