@@ -23,7 +23,7 @@ from pydantic import (Field, SecretStr, ValidationError, field_serializer,
 
 from agentrt.memory.errors import MemoryBankError
 from agentrt.core.schema import ConfigModel
-from agentrt.core.urls import redact  # noqa: F401  (memory's name for it, used by its callers)
+from agentrt.core.urls import redact
 
 
 class _Section(ConfigModel):

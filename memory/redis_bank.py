@@ -33,7 +33,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from agentrt.memory.bank import MemoryBank
-from agentrt.memory.config import BankConfig, RedisConfig, redact
+from agentrt.core.urls import redact
+from agentrt.memory.config import BankConfig, RedisConfig
 from agentrt.memory.embedders import Embedder
 from agentrt.memory.errors import BackendUnavailableError, DimensionError, MemoryBankError
 from agentrt.memory.records import Record

@@ -23,7 +23,7 @@ class MLflowConfig(ConfigModel):
 
     @field_serializer("tracking_uri", when_used="json")
     def _redacted_uri(self, uri: str | None) -> str | None:
-        from agentrt.memory.config import redact  # a password in the URI stays out of files
+        from agentrt.core.urls import redact  # a password in the URI stays out of files
 
         return None if uri is None else redact(uri)
 

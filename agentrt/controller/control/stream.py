@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from agentrt.config.control import ControlRedisConfig
 from agentrt.controller.control.config import ControlError
-from agentrt.memory.config import redact
+from agentrt.core.urls import redact
 
 log = logging.getLogger(__name__)
 

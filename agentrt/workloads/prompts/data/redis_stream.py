@@ -24,7 +24,8 @@ from pydantic import Field
 from agentrt.workloads.prompts.data.config import Columns
 from agentrt.workloads.prompts.data.sources import PromptDataError, SourceBase
 from agentrt.workloads.prompts.data.stream import SkipCounter, map_row
-from agentrt.memory.config import RedisConfig, redact
+from agentrt.core.urls import redact
+from agentrt.memory.config import RedisConfig
 from agentrt.core.schema import ConfigModel
 from agentrt.envs.tasks import Example
 
