@@ -18,28 +18,29 @@ from agentrt.runtime.ray_pool import LOOPBACK_ENV
 ROOT = Path(__file__).resolve().parents[1]
 PASSWORD = "pw-7f3c9e1d-never-in-files"
 
-# Starts Ray the way every pool does, runs an actor, then lists what this process and everything
-# it started listen on (the GCS, raylet, agents, the driver's and the actor's core workers).
+# Starts Ray the way every pool does, starts a 2-worker policy pool on it (data parallel: a gloo
+# process group with its TCP store), then lists what this process and everything it started
+# listen on (the GCS, raylet, agents, the driver's and both workers' core workers, the store and
+# gloo's pairs).
 LISTENERS = """
-import json, os, psutil
-from agentrt.config.sections import RuntimeConfig
-from agentrt.runtime.ray_pool import ensure_ray
+import json, sys, psutil
+from agentrt.config.sections import ModelConfig, PolicyConfig, RuntimeConfig
+from agentrt.policies.models import build_model
+from agentrt.runtime.ray_pool import PolicyPool, ensure_ray
 
-assert ensure_ray(RuntimeConfig(num_cpus=1))
+assert ensure_ray(RuntimeConfig(num_cpus=2))
 import ray  # as a user script may: after agentrt started it
 
-@ray.remote
-class Echo:
-    def pid(self):
-        return os.getpid()
-
-echo = Echo.remote()  # kept: an actor whose handle is dropped exits
-actor_pid = ray.get(echo.pid.remote())
+model = build_model("model", "llama-tiny", seed=0)
+pool = PolicyPool(PolicyConfig(model=ModelConfig(path=str(model)),
+                               resources={"num_workers": 2, "cpus_per_worker": 1}), seed=0)
+assert pool.generate([[1, 2, 3]])  # the pool works
 me = psutil.Process()
 procs = [me, *me.children(recursive=True)]
 found = [[p.pid, p.name(), c.laddr.ip, c.laddr.port] for p in procs
          for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
-print(json.dumps({"actor": actor_pid, "listening": found}))
+print(json.dumps({"workers": pool.pids, "listening": found}))
+pool.shutdown()
 ray.shutdown()
 """
 
@@ -48,7 +49,7 @@ def is_loopback(ip: str) -> bool:
     return ip.startswith("127.") or ip in ("::1", "::ffff:127.0.0.1")
 
 
-def test_locally_started_ray_listens_on_loopback_only(tmp_path):
+def test_a_ray_run_with_two_workers_listens_on_loopback_only(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != LOOPBACK_ENV}
     proc = subprocess.run([sys.executable, "-c", LISTENERS], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=300)
@@ -57,7 +58,8 @@ def test_locally_started_ray_listens_on_loopback_only(tmp_path):
     listening = out["listening"]
     names = {name for _, name, _, _ in listening}
     assert {"gcs_server", "raylet"} <= names, listening
-    assert out["actor"] in {pid for pid, *_ in listening}  # the actor's worker was looked at
+    rank0 = {port for pid, _, _, port in listening if pid == out["workers"][0]}
+    assert len(rank0) >= 3, listening  # core worker, the process group's store, gloo
     exposed = [x for x in listening if not is_loopback(x[2])]
     assert exposed == [], f"listening beyond loopback: {exposed}"
 

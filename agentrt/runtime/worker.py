@@ -37,6 +37,18 @@ from agentrt.core.types import TrainBatch
 from agentrt.runtime.shared_model import ModuleCopy, SharedModel
 
 
+def bind_collectives_to(host: str) -> None:
+    """Points gloo's and NCCL's sockets at the network interface that holds ``host`` (unless
+    the user chose one): by default they bind wherever the machine's hostname resolves."""
+    import psutil
+
+    names = [name for name, addrs in psutil.net_if_addrs().items()
+             if any(a.address.split("%")[0] == host for a in addrs)]
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if names and var not in os.environ:
+            os.environ[var] = names[0]
+
+
 def split_rows(n: int, parts: int) -> list[slice]:
     """``parts`` contiguous near-equal slices of ``range(n)`` (the workers' shares)."""
     return [slice(i * n // parts, (i + 1) * n // parts) for i in range(parts)]
@@ -178,6 +190,7 @@ class PolicyWorker:
         self.snapshots: dict[str, int] = {}  # snapshot name -> version of its source
         self.sft_state: dict[str, tuple[torch.optim.Optimizer, Any]] = {}
         self.dp: GlooDataParallel | None = None
+        self._store_socket: socket.socket | None = None  # rank 0's, kept open for the store
 
     # ------------------------------------------------------------------ set-up
     def info(self) -> dict[str, Any]:
@@ -188,20 +201,31 @@ class PolicyWorker:
                 "versions": self.versions()}
 
     def rendezvous_address(self) -> tuple[str, int]:
-        """An address and free port of this node for the process group's TCP store."""
+        """This node's address and a port bound on that address alone, on which rank 0 will
+        serve the process group's TCP store (torch's own store listens on every interface)."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ray.util.get_node_ip_address(), int(s.getsockname()[1])
+        host = ray.util.get_node_ip_address()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._store_socket = socket.create_server((host, 0), family=family)
+        return host, int(self._store_socket.getsockname()[1])
 
     def init_data_parallel(self, address: str, port: int, rank: int, world: int,
                            timeout_s: float = 300.0) -> None:
         """Joins the pool's process group (gloo on CPU, NCCL on GPU) and installs the
-        learners' data-parallel hooks."""
+        learners' data-parallel hooks. Rank 0 serves the store on the socket
+        :meth:`rendezvous_address` bound; every rank's collectives bind to the interface of
+        its node's address (so a one-machine Ray on 127.0.0.1 opens nothing beyond loopback)."""
+        import ray
+
         backend = "nccl" if self.shared.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+        bind_collectives_to(ray.util.get_node_ip_address())
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(address, port, world, rank == 0, timeout, wait_for_workers=False,
+                              master_listen_fd=self._store_socket.fileno() if rank == 0
+                              else None)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                timeout=timeout)
         sharded = self.shared.cfg.resources.sharding == "fsdp"
         hooks = ShardedDataParallel if sharded else GlooDataParallel
         self.dp = hooks(rank, world, self.shared.device)
