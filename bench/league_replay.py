@@ -56,7 +56,8 @@ def main() -> int:
         print(f"{kind:16}{c['uninterrupted']:>14}{c['killed']:>8}{c['missing']:>9}"
               f"{c['duplicated']:>11}{c['foreign']:>9}")
     same = killed == straight
-    print("identical to the uninterrupted run (ids, texts, metadata, vectors, order):", same)
+    print("identical to the uninterrupted run (texts, metadata, vectors, order; ids carry each "
+          "folder's run_uid):", same)
     return 0 if same else 1
 
 

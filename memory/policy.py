@@ -257,7 +257,7 @@ def wire_memories(policies: Mapping[str, Any], configs: Mapping[str, MemoryConfi
         run_dir: Run folder; FAISS banks live in ``<run_dir>/memory/<name>``.
         reflect: ``{policy_id: reflect function}`` for policies that write reflections.
         run: What tells this run's writes from other runs' in a shared bank (part of every
-            record id and the ``run:<run>`` tag); a league passes its config hash.
+            record id and the ``run:<run>`` tag); a league passes its run folder's ``run_uid``.
 
     Returns:
         The :class:`RunMemory` whose ``on_episode_end`` writes the episodes.

@@ -392,3 +392,24 @@ def test_a_second_process_on_a_run_folder_refuses(train_run, tiny_model_dir, tmp
         assert (run_dir / ".lock").read_text().strip() == str(os.getpid())  # still ours
     finally:
         held.close()
+
+
+def test_each_folder_gets_its_own_run_uid_kept_by_resume_and_new_run(
+        tiny_model_dir, tmp_path) -> None:
+    """run.json's run_uid (what keys a run's records in a shared Redis memory bank): two
+    folders of one config get two; a resume, ``--resume force`` and ``--new-run`` keep the
+    folder's; a folder made before run_uid existed keeps its config hash's first 16 digits."""
+    def uid(folder: Path, start: str = "auto", **extra: Any) -> str:
+        cfg = validate_config(train_config(folder, tiny_model_dir, **extra), TrainConfig)
+        RunDir.open(folder, cfg, start=start).close()
+        return json.loads((folder / "run.json").read_text())["run_uid"]
+
+    a, b = uid(tmp_path / "a"), uid(tmp_path / "b")
+    assert a != b and len(a) == 16
+    assert uid(tmp_path / "a") == a
+    assert uid(tmp_path / "a", "force", seed=5) == a
+    assert uid(tmp_path / "a", "new", seed=6) == a
+    held = json.loads((tmp_path / "a" / "run.json").read_text())
+    del held["run_uid"]
+    (tmp_path / "a" / "run.json").write_text(json.dumps(held))
+    assert uid(tmp_path / "a", seed=6) == held["config_sha256"][:16]

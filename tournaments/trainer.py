@@ -142,12 +142,12 @@ class LeagueWorkload(Workload):
         self.ctl = ctl
         self.lm = {p.id: LMPolicy(ctl.handle(p.id), self.templates) for p in cfg.policies}
         # Memory-augmented learners read their bank in every prompt; snapshots never do.
-        # Record ids and tags name the run by its config hash: a replay (and a rerun of the same
-        # config) writes the same ids; another run sharing a Redis bank writes other ones.
+        # Record ids and tags name the run by its folder's run_uid (run.json): a replay writes
+        # the same ids; another run sharing a Redis bank, even of the same config, other ones.
         identity = read_identity(ctl.run_dir.path) or {}
         self.memory = wire_memories(self.lm, {p.id: p.memory for p in cfg.policies},
                                     cfg.memory.banks, ctl.run_dir.path,
-                                    run=str(identity.get("config_sha256", ""))[:16])
+                                    run=str(identity.get("run_uid", "")))
         self.frozen: dict[str, LMPolicy] = {}
         self.tournament = Tournament(ctl.run_dir.path, cfg.schedule, cfg.entrants(),
                                      [e.id for e in cfg.envs], seed=cfg.seed, seats=self.seats)

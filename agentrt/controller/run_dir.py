@@ -23,6 +23,7 @@ import random
 import re
 import shutil
 import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Collection, Iterator
@@ -129,6 +130,7 @@ class RunDir:
     def _claim(self, identity: dict[str, Any], defaulted: set[str], start: str,
                outputs: tuple[str, ...]) -> None:
         held = None if start == "new" else read_identity(self.path, strict=start == "auto")
+        identity["run_uid"] = self._run_uid(held if start != "new" else read_identity(self.path))
         if (self.path / IDENTITY).is_dir() and start == "force":
             raise RunFolderError(f"{self.path / IDENTITY} is a directory; remove it or pass "
                                  "--new-run to start over")
@@ -154,6 +156,16 @@ class RunDir:
             log.warning("run folder %s records no run identity (%s); it takes this config's",
                         self.path, IDENTITY)
         atomic_write_text(self.path / IDENTITY, json.dumps(identity, indent=1) + "\n")
+
+    @staticmethod
+    def _run_uid(held: dict[str, Any] | None) -> str:
+        """What tells this folder's run from every other in a shared service (its records in
+        a Redis memory bank): kept across resumes and --new-run (which then deletes what the
+        folder's earlier run wrote there), new for a folder without a run. A folder made
+        before run_uid existed keeps the key its run used, its config hash's first 16 digits."""
+        if held is None:
+            return uuid.uuid4().hex[:16]
+        return str(held.get("run_uid") or held["config_sha256"][:16])
 
     def remove(self, patterns: tuple[str, ...]) -> list[str]:
         """Deletes the checkpoints and the entries of this folder matching ``patterns`` (a

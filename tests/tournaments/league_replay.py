@@ -25,7 +25,7 @@ import redis
 import yaml
 
 PREFIX = "replay"  # Redis key prefix of the bank (the same in both runs: it is part of the
-# config, and the config hash is part of every record id)
+# config)
 
 
 def league_config(run_dir: Path, redis_url: str, steps: int = 8) -> dict[str, Any]:
@@ -119,23 +119,32 @@ def match_rows(run_dir: Path) -> list[tuple]:
     return [*map(tuple, matches), *map(tuple, seats)]
 
 
-def memory_rows(redis_url: str) -> list[tuple]:
-    """Every record of the bank in Redis: id, text and metadata (the wall-clock time left out),
-    and the vector's bytes."""
+def memory_rows(redis_url: str, run_dir: Path | None = None) -> list[tuple]:
+    """Every record of the bank in Redis (only those ``run_dir``'s run wrote, when given): text
+    and metadata (the wall-clock time left out), and the vector's bytes. The record id and the
+    ``run:`` tag derive from the run folder's ``run_uid``, so they are checked here (each record
+    of the run carries it) and left out of what two runs' records are compared by."""
+    uid = json.loads((run_dir / "run.json").read_text()).get("run_uid") if run_dir else None
     client = redis.Redis.from_url(redis_url)
     out = []
     for rid, data in client.hgetall(f"{PREFIX}:recall:records").items():
         head, _, vec = data.partition(b"\0")
         rec = json.loads(head)
         rec.pop("time")
-        out.append((rid.decode(), json.dumps(rec, sort_keys=True), vec))
+        runs = [t for t in rec["tags"] if t.startswith("run:")]
+        assert len(runs) == 1 and rec["id"] == rid.decode(), rec
+        if uid is not None and runs != [f"run:{uid}"]:
+            continue
+        rec["tags"] = [t for t in rec["tags"] if not t.startswith("run:")]
+        rec.pop("id")
+        out.append((json.dumps(rec, sort_keys=True), vec))
     client.close()
     return sorted(out)
 
 
 def state(run_dir: Path, redis_url: str) -> dict[str, list[tuple]]:
     return {"metrics rows": metric_rows(run_dir), "match records": match_rows(run_dir),
-            "memory records": memory_rows(redis_url)}
+            "memory records": memory_rows(redis_url, run_dir)}
 
 
 def compare(straight: dict[str, list[tuple]], killed: dict[str, list[tuple]]
