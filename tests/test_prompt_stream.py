@@ -51,38 +51,81 @@ def played(index: int) -> Trajectory:
     return Trajectory([turn], group_id=GroupKey("Task-v0", "agent_0", "policy", task=f"ex{index}"))
 
 
-def test_acknowledged_only_after_the_checkpoint(redis_server) -> None:
-    """Read, checkpoint state taken, killed before the acknowledgement: the resumed source
-    finishes that checkpoint's transaction once and reads the later entries again, in order."""
+def test_acknowledged_only_once_no_kept_checkpoint_needs_it(redis_server) -> None:
+    """Read, checkpointed, killed, and the newest checkpoint found damaged: an entry is
+    acknowledged (its episode sent on) only once the oldest kept checkpoint trained on it, so a
+    resume from the checkpoint before reads the lost step's entries again, in order, and
+    every episode is sent on exactly once (issue 41, finding 3: they had been acknowledged with
+    the damaged checkpoint, and the replay trained on new entries instead)."""
     client = redis.Redis.from_url(redis_server.url)
-    ids = push(client, "prompts", 30)
+    ids = push(client, "prompts", 40)
     task = TaskConfig(name="redis", options=options(redis_server.url))
     first = open_source(task, seed=0)
     step1 = first.next(10)
     assert step1[0].info == {"answer": "1", "tol": "0"} and step1[0].prompt == "0+1="
     first.finished([played(i) for i in range(10)], 1)
-    state = json.loads(json.dumps(first.state_dict()))  # checkpoint 1 written ...
-    after = [ex.prompt for ex in first.next(7)]  # ... step 2 read, then killed
-    assert client.xpending("prompts", "agentrt")["pending"] == 17 and sink(client) == []
-
-    again = open_source(task, seed=0)
-    again.load_state_dict(state)  # checkpoint 1's transaction had not run: it runs now
-    assert client.xpending("prompts", "agentrt")["pending"] == 7
+    state1 = json.loads(json.dumps(first.state_dict()))
+    first.checkpointed(1, oldest=1)  # the only checkpoint: what it trained on is delivered
     assert [e["prompt_id"] for e in sink(client)] == ids[:10]
-    assert [ex.prompt for ex in again.next(7)] == after  # the pending ones, same order
-    assert [ex.prompt for ex in again.next(3)] == ["17+1=", "18+1=", "19+1="]  # then new ones
-    again.checkpointed(2)
+    step2 = [ex.prompt for ex in first.next(7)]
+    first.finished([played(i) for i in range(7)], 2)
+    state2 = json.loads(json.dumps(first.state_dict()))
+    first.checkpointed(2, oldest=1)  # checkpoint 1 is kept: step 2's entries stay pending
+    assert client.xpending("prompts", "agentrt")["pending"] == 7 and len(sink(client)) == 10
+    step3 = [ex.prompt for ex in first.next(5)]  # step 3 read, then killed
+
+    # checkpoint 2 is damaged: the resume falls back to checkpoint 1 and replays steps 2 and 3
+    again = open_source(task, seed=0)
+    again.load_state_dict(state1)
+    assert [ex.prompt for ex in again.next(7)] == step2
+    again.finished([played(i) for i in range(7)], 2)
+    again.checkpointed(2, oldest=1)
+    # step 3: its 5 entries again, then new ones
+    assert [ex.prompt for ex in again.next(8)] == step3 + ["22+1=", "23+1=", "24+1="]
+    again.finished([played(i) for i in range(8)], 3)
+    state3 = json.loads(json.dumps(again.state_dict()))
+    again.checkpointed(3, oldest=2)  # checkpoint 1 pruned: step 2's entries are delivered
+    assert [e["prompt_id"] for e in sink(client)] == ids[:17]
+    assert client.xpending("prompts", "agentrt")["pending"] == 8
+
+    # killed before the acknowledgement of a checkpoint it kept: the resume skips what that
+    # checkpoint trained on (delivered later, once) and reads what came after it
+    late = [ex.prompt for ex in again.next(2)]
+    third = open_source(task, seed=0)
+    third.load_state_dict(state3)
+    assert [ex.prompt for ex in third.next(2)] == late
+    third.checkpointed(4, oldest=4)
+    assert [e["prompt_id"] for e in sink(client)] == ids[:25]  # step 3's, once
     assert client.xpending("prompts", "agentrt")["pending"] == 0
 
-    third = open_source(task, seed=0)  # a resume from checkpoint 1 again: nothing twice
-    third.load_state_dict(state)
-    assert len(sink(client)) == 10 and client.xpending("prompts", "agentrt")["pending"] == 0
-    assert [ex.prompt for ex in third.next(2)] == ["20+1=", "21+1="]
+    fourth = open_source(task, seed=0)  # a resume from checkpoint 1 again: nothing twice
+    fourth.load_state_dict(state1)
+    assert len(sink(client)) == 25 and client.xpending("prompts", "agentrt")["pending"] == 0
+    assert [ex.prompt for ex in fourth.next(2)] == ["27+1=", "28+1="]
     client.xadd("prompts", {"prompt": "", "answer": "1", "tol": "0"})  # empty prompt: skipped
     client.xadd("prompts", {"json": json.dumps({"prompt": "j=", "answer": 7, "tol": 1})})
-    got = third.next(9)
+    got = fourth.next(12)
     assert got[-1].prompt == "j=" and got[-1].info == {"answer": "7", "tol": 1}
-    assert third.metrics()["data/skipped_rows"] == 1
+    assert fourth.metrics()["data/skipped_rows"] == 1
+
+
+def test_a_checkpoint_of_the_earlier_protocol_resumes(redis_server) -> None:
+    """A checkpoint written before held groups (``unacked``/``outbox``): its entries still
+    pending are not read again and are delivered with the next checkpoint."""
+    client = redis.Redis.from_url(redis_server.url)
+    ids = push(client, "prompts", 12)
+    task = TaskConfig(name="redis", options=options(redis_server.url))
+    first = open_source(task, seed=0)
+    first.next(4)
+    old = {"unacked": ids[:4], "outbox": [{"prompt_id": i, "step": 1} for i in ids[:4]],
+           "read": 4, "skipped": {}}
+    first.next(3)
+    again = open_source(task, seed=0)
+    again.load_state_dict(old)
+    assert [ex.prompt for ex in again.next(3)] == ["4+1=", "5+1=", "6+1="]
+    again.checkpointed(2, oldest=2)
+    assert [e["prompt_id"] for e in sink(client)] == ids[:4]
+    assert client.xpending("prompts", "agentrt")["pending"] == 0
 
 
 def free_port() -> int:
@@ -120,8 +163,11 @@ def test_redis_going_down_mid_run_is_one_error(redis_server) -> None:
 
 def test_every_prompt_trained_once_across_a_sigkill(redis_server, tmp_path: Path) -> None:
     """Must-show 2: 10,000 prompts pushed while `agentrt train` runs; it is killed with SIGKILL
-    once, mid-run, and restarted: the run's records (the episodes it sent on, one per prompt,
-    and its metrics rows) name every prompt exactly once, and none is left pending."""
+    once, mid-run, its newest checkpoint is then found damaged (zero-filled), and it is
+    restarted: it falls back to the checkpoint before, and the run's records (the episodes it
+    sent on, one per prompt, and its metrics rows) name every prompt exactly once, and none is
+    left pending (issue 41, finding 3: the damaged checkpoint's prompts had been acknowledged,
+    so they were never trained and the run waited for prompts that never came)."""
     client = redis.Redis.from_url(redis_server.url)
     ids = push(client, "prompts", 4000)
     cfg = {"seed": 0, "run_dir": str(tmp_path / "run"), "progress": False, "threads": 1,
@@ -148,9 +194,13 @@ def test_every_prompt_trained_once_across_a_sigkill(redis_server, tmp_path: Path
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed_at = len(metrics.read_text().splitlines()) - 1
+    newest = max((tmp_path / "run" / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
+    state = newest / "state.pt"
+    state.write_bytes(bytes(state.stat().st_size))  # zero-filled: its checksum fails
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert 2 <= killed_at < 5, killed_at
+    assert f"{newest.name}" in done.stderr and "does not match its checksum" in done.stderr
     trained = Counter(e["prompt_id"] for e in sink(client))
     assert set(trained) == set(ids) and set(trained.values()) == {1}
     rows = [json.loads(x) for x in metrics.read_text().splitlines()]

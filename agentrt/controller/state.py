@@ -44,7 +44,9 @@ def save(ctl: Controller, work: Workload) -> None:
     ctl.run_dir.save_checkpoint(ctl.step, state, work.checkpoint_keep,
                                  pinned=ctl.drift.pinned() if ctl.drift else ())
     ctl.guard.saved(ctl.step)
-    work.checkpointed(ctl.step)  # e.g. a Redis stream acknowledges what it holds
+    kept = ctl.run_dir.checkpoints()  # a damaged newer one falls back to any of these
+    oldest = int(kept[0].name.removeprefix("step_")) if kept else ctl.step
+    work.checkpointed(ctl.step, oldest)  # e.g. a Redis stream acknowledges what they all hold
     if ctl.version_book is not None:  # after the checkpoint: a record names a saved version
         ctl.version_book.checkpointed(ctl.step, {p: ctl.pool_of(p).version_of(p)
                                                for p in ctl.learners()}, ctl.last_metrics)

@@ -145,8 +145,9 @@ class Workload:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores :meth:`state_dict` on resume."""
 
-    def checkpointed(self, step: int) -> None:
-        """The checkpoint of ``step`` is written (e.g. a stream acknowledges what it holds)."""
+    def checkpointed(self, step: int, oldest: int) -> None:
+        """The checkpoint of ``step`` is written and the run folder keeps none older than
+        ``oldest`` (e.g. a stream acknowledges what that one holds)."""
 
     def finish(self, ctl: Any) -> None:
         """After the last step (final models, reports)."""

@@ -222,9 +222,10 @@ class PromptWorkload(Workload):
     def after_step(self, ctl: Controller, step: int) -> dict[str, float]:
         return self.source.metrics()  # data/skipped_rows, ... of a file source
 
-    def checkpointed(self, step: int) -> None:
-        """The checkpoint of ``step`` is written: a stream source acknowledges what it read."""
-        self.source.checkpointed(step)
+    def checkpointed(self, step: int, oldest: int) -> None:
+        """The checkpoint of ``step`` is written, none older than ``oldest`` is kept: a stream
+        source acknowledges what every kept checkpoint trained on."""
+        self.source.checkpointed(step, oldest)
 
     def evaluate(self, ctl: Controller) -> dict[str, float]:
         """Held-out task prompts, greedy (``eval.greedy``): exact match, reward, length; and
@@ -276,6 +277,7 @@ class PromptWorkload(Workload):
     def finish(self, ctl: Controller) -> None:
         if ctl.step == self.steps:
             ctl.save_pretrained(self.pid, ctl.run_dir.path / "final_model")
+            self.source.checkpointed(ctl.step, ctl.step)  # the run is done: all delivered
 
 
 def rollout_metrics(played: RunResult) -> dict[str, float]:

@@ -4,13 +4,15 @@ The trainer reads the stream through a consumer group. An entry is one row: its 
 (``XADD prompts * prompt "2+3=" answer 5``) or a ``json`` field holding the row as JSON, mapped
 by ``columns`` like a file's rows (bad rows are skipped and counted).
 
-Exactly once, across kills: entries read since the last checkpoint are listed in the next
-checkpoint and acknowledged (``XACK``) only after it is written, in one MULTI/EXEC transaction
-with the finished episodes of those steps (``XADD`` to ``episodes_stream``, when set). A run
-killed before a checkpoint resumes from the one before: the entries it had read are still
-pending for its consumer and are read again, in the same order, and trained on by the replayed
-steps. A run killed after a checkpoint but before the transaction does it on resume (the
-checkpoint names the entries; if the first is no longer pending the transaction had run).
+Exactly once, across kills and damaged checkpoints: an entry is acknowledged (``XACK``), in one
+MULTI/EXEC transaction with its finished episode (``XADD`` to ``episodes_stream``, when set),
+only once every checkpoint the run folder keeps has trained on it, so that whichever of them a
+resume falls back to (the newest one that verifies) needs it no more. Each checkpoint lists the
+entries it trained on that are not acknowledged yet. A resumed run skips those that are still
+pending (that checkpoint trained on them; they are acknowledged later) and reads the other
+pending entries again, in the order they were first read: the steps after the checkpoint, which
+the resume replays. A group listed by the checkpoint but no longer pending had its transaction
+run, episodes included. At the end of a run everything is acknowledged.
 """
 
 from __future__ import annotations
@@ -64,10 +66,14 @@ class RedisSource(SourceBase):
         self.client = _connect(o)
         self._call(self._create_group)
         self.skipped = SkipCounter(self.where)
-        self.unacked: list[str] = []  # entries read since the last checkpoint
+        self.fresh: list[str] = []  # entries read since the last checkpoint
         self.outbox: list[dict[str, Any]] = []  # their finished episodes, for episodes_stream
+        # entries and episodes of each checkpoint (its step), not acknowledged yet, oldest first
+        self.held: list[dict[str, Any]] = []
+        self.skip: set[str] = set()  # pending entries that the loaded checkpoint trained on
         self.drawn: list[tuple[str, Example]] = []  # this step's (entry id, example)
         self.pending_from: str | None = "0"  # read our pending entries after this id first
+        self.step = 0  # the last step whose episodes finished
         self.read = 0
 
     def _call(self, fn: Any, *args: Any) -> Any:
@@ -113,7 +119,9 @@ class RedisSource(SourceBase):
                                       "s (task.options.wait_s); the last checkpoint is "
                                       "resumable")
             for entry_id, fields in entries:
-                self.unacked.append(entry_id)
+                if entry_id in self.skip:  # the loaded checkpoint trained on it
+                    continue
+                self.fresh.append(entry_id)
                 self.read += 1
                 row = map_row(_row(fields), self.opts.columns)
                 if isinstance(row, str):
@@ -131,7 +139,9 @@ class RedisSource(SourceBase):
                               "stream gives none (set sft.steps: 0)")
 
     def finished(self, trajectories: list[Any], step: int) -> None:
-        """This step's episodes, sent to ``episodes_stream`` with the next checkpoint."""
+        """This step's episodes, sent to ``episodes_stream`` when their entries are
+        acknowledged."""
+        self.step = step
         if self.opts.episodes_stream is None:
             return
         for traj in trajectories:
@@ -146,9 +156,15 @@ class RedisSource(SourceBase):
                 "data/skipped_rows": float(self.skipped.total), "data/rows_read": float(self.read)}
 
     # ------------------------------------------------------------------ exactly once
-    def checkpointed(self, step: int) -> None:
-        self._commit(self.unacked, self.outbox)
-        self.unacked, self.outbox = [], []
+    def checkpointed(self, step: int, oldest: int) -> None:
+        """The checkpoint of ``step`` holds what was read since the one before; the run folder
+        keeps none older than ``oldest``: what those hold is acknowledged."""
+        self.held.append({"step": step, "ids": self.fresh, "episodes": self.outbox})
+        self.fresh, self.outbox = [], []
+        due = [group for group in self.held if group["step"] <= oldest]
+        self._commit([i for g in due for i in g["ids"]], [e for g in due for e in g["episodes"]])
+        self.held = self.held[len(due):]
+        self.skip -= {i for g in due for i in g["ids"]}
 
     def _commit(self, ids: list[str], episodes: list[dict[str, Any]]) -> None:
         """Episodes added and entries acknowledged, both or neither (MULTI/EXEC)."""
@@ -162,19 +178,26 @@ class RedisSource(SourceBase):
         self._call(pipe.execute)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"unacked": list(self.unacked), "outbox": list(self.outbox), "read": self.read,
+        """Taken as the checkpoint of the last finished step is written: every group it
+        trained on that is not acknowledged, this step's (read since the last one) included."""
+        mine = {"step": self.step, "ids": list(self.fresh), "episodes": list(self.outbox)}
+        return {"held": [*self.held, mine], "read": self.read,
                 "skipped": dict(self.skipped.reasons)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Finishes the checkpoint's transaction if it had not run, then reads the entries
-        still pending (read after the checkpoint) again, from the first."""
-        ids = state["unacked"]
+        """Keeps the checkpoint's groups still pending (trained on, to be acknowledged; a group
+        no longer pending had its transaction run), then reads the other pending entries
+        again, from the first."""
+        held = state.get("held")
+        if held is None:  # a checkpoint of agentrt before held groups: one transaction
+            held = [{"step": -1, "ids": state["unacked"], "episodes": state["outbox"]}]
         o = self.opts
-        if ids and self._call(self.client.xpending_range, o.stream, o.group, ids[0], ids[0], 1):
-            self._commit(ids, state["outbox"])
+        self.held = [group for group in held if group["ids"] and self._call(
+            self.client.xpending_range, o.stream, o.group, group["ids"][0], group["ids"][0], 1)]
+        self.skip = {i for group in self.held for i in group["ids"]}
         self.read = state["read"]
         self.skipped.reasons.update(state["skipped"])
-        self.unacked, self.outbox, self.pending_from = [], [], "0"
+        self.fresh, self.outbox, self.pending_from = [], [], "0"
 
     def close(self) -> None:
         self.client.close()

@@ -60,8 +60,9 @@ class PromptSource(Protocol):
     def finished(self, trajectories: list[Any], step: int) -> None:
         """This step's played episodes (a stream source sends them on)."""
 
-    def checkpointed(self, step: int) -> None:
-        """The checkpoint of ``step`` is written (what it holds need not be delivered again)."""
+    def checkpointed(self, step: int, oldest: int) -> None:
+        """The checkpoint of ``step`` is written and the run folder keeps none older than
+        ``oldest`` (what that one holds need not be delivered again)."""
 
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -118,7 +119,7 @@ class SourceBase:
     def finished(self, trajectories: list[Any], step: int) -> None:
         return None
 
-    def checkpointed(self, step: int) -> None:
+    def checkpointed(self, step: int, oldest: int) -> None:
         return None
 
     def close(self) -> None:
