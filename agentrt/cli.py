@@ -281,6 +281,8 @@ def serve_command(
                                                     "else auto)."),
     max_batch: int = typer.Option(32, help="Most requests in one generate call."),
     max_tokens: int = typer.Option(64, help="max_tokens of a request that sets none."),
+    max_request_mb: float = typer.Option(8.0, help="Largest request body (MiB); larger ones "
+                                                   "get 413 before they are read."),
     canary_share: Optional[float] = typer.Option(None, help="Canary: share of requests the "
                                                             "candidate answers (0.05)."),
     canary_alpha: Optional[float] = typer.Option(None, help="Canary: chance of promoting a "
@@ -301,7 +303,7 @@ def serve_command(
     canary = {"share": canary_share, "alpha": canary_alpha, "power": canary_power,
               "margin": canary_margin}
     serve(target, adapter or (), base, name, host, port, token, backend, max_batch, max_tokens,
-          canary, canary_log, threads, device)
+          canary, canary_log, threads, device, max_request_mb)
 
 
 policies_app = typer.Typer(no_args_is_help=True,

@@ -205,6 +205,34 @@ def test_bad_requests_get_4xx_json_and_the_server_lives_on(server, weights):
     assert res.choices[0].text == weights[1]["a"]["completion"][0]  # still serving, same weights
 
 
+def test_request_size_and_prompt_count_are_bounded_and_long_prompts_stall_nothing(server):
+    """Issue 41, finding 7: a body past --max-request-mb (8 MiB here) is 413 before it is read
+    (declared or chunked); more prompts than the queue holds (4,096) is 400 before any is
+    tokenized; and a long prompt is tokenized off the event loop, so a request sent while it
+    is tokenized is answered first."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    post = lambda path, **kw: httpx.post(f"{server}{path}", timeout=120, **kw)  # noqa: E731
+    big = json.dumps({"model": "a", "prompt": "x" * (9 << 20)}).encode()
+    assert "larger than 8388608 bytes" in _error(post("/v1/completions", content=big,
+                                                      headers=auth), 413)
+    chunked = (big[i:i + (1 << 20)] for i in range(0, len(big), 1 << 20))  # no content-length
+    assert "larger than" in _error(post("/v1/completions", content=chunked, headers=auth), 413)
+    assert "5000 prompts in one request" in _error(post("/v1/completions", headers=auth, json={
+        "model": "a", "prompt": ["1+1="] * 5000}), 400)
+
+    finished = []
+    def long_prompt():  # 6 MiB of text: seconds of tokenizing, then refused (context)
+        res = post("/v1/completions", headers=auth, json={"model": "a", "prompt": "y" * (6 << 20)})
+        finished.append(("long", res.status_code))
+    worker = threading.Thread(target=long_prompt)
+    worker.start()
+    time.sleep(0.5)  # its body is in: it is being tokenized
+    res = client(server).completions.create(model="a", prompt=PROMPTS[0], temperature=0)
+    finished.append(("short", res.choices[0].finish_reason))
+    worker.join()
+    assert [name for name, _ in finished] == ["short", "long"] and finished[1][1] == 400
+
+
 def test_hot_swap_under_200_concurrent_requests(server, weights):
     """Adapter a is replaced by a2 while 200 requests (plain, chat, streamed) run on 32 threads."""
     folders, expected = weights

@@ -52,12 +52,28 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
-async def _json(request: Request) -> Any:
-    raw = await request.body()
+async def _json(request: Request, limit: int) -> Any:
+    """The request's JSON body, refused (413) past ``limit`` bytes before more is read; parsed
+    off the event loop."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        return json.loads(raw)
+        return await asyncio.to_thread(json.loads, raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON ({exc})") from None
+
+
+def _too_large(limit: int) -> RequestError:
+    return RequestError(f"the request body is larger than {limit} bytes, the most this server "
+                        "takes (agentrt serve --max-request-mb)", 413)
 
 
 def _sse(data: dict[str, Any] | str) -> str:
@@ -70,7 +86,9 @@ class Api:
     Args:
         token: Bearer token every route but /health needs; None: open, admin routes off.
         max_tokens: ``max_tokens`` of a request that gives none.
-        max_queue: Queued prompts past which a request is refused with 503.
+        max_queue: Queued prompts past which a request is refused with 503 (and the most
+            prompts one request may hold).
+        max_body: Largest request body in bytes (413 past it).
         canary_log: The canary log (JSON lines).
         canary_defaults: ``POST /admin/canary`` settings a body leaves out.
     """
@@ -78,9 +96,10 @@ class Api:
     def __init__(self, host: ModelHost, batcher: Batcher, token: str | None = None,
                  max_tokens: int = 64, max_queue: int = 4096,
                  canary_log: Path = Path("canary.jsonl"),
-                 canary_defaults: dict[str, Any] | None = None) -> None:
+                 canary_defaults: dict[str, Any] | None = None,
+                 max_body: int = 8 << 20) -> None:
         self.host, self.batcher, self.token = host, batcher, token
-        self.max_tokens, self.max_queue = max_tokens, max_queue
+        self.max_tokens, self.max_queue, self.max_body = max_tokens, max_queue, max_body
         self.canary_log, self.canary_defaults = CanaryLog(canary_log), canary_defaults or {}
         self.canaries: dict[str, CanaryRun] = {}  # running (or deciding) per served name
         self.finished: list[CanaryRun] = []
@@ -154,7 +173,7 @@ class Api:
     async def admin_load(self, request: Request) -> Response:
         """Hot swap: ``{"model": name, "path": folder}`` becomes ``name``'s new version."""
         self._auth(request, admin=True)
-        body = await _json(request)
+        body = await _json(request, self.max_body)
         if not isinstance(body, dict) or not all(isinstance(body.get(k), str)
                                                  for k in ("model", "path")):
             raise RequestError('the body must be {"model": NAME, "path": FOLDER}')
@@ -197,7 +216,7 @@ class Api:
         if request.method == "GET":
             runs = [*self.canaries.values(), *reversed(self.finished)]
             return JSONResponse({"canaries": [r.status() for r in runs]})
-        body = await _json(request)
+        body = await _json(request, self.max_body)
         if not isinstance(body, dict):
             raise RequestError('the body must be {"model": NAME, "path": FOLDER, ...}')
         try:
@@ -226,7 +245,7 @@ class Api:
     async def feedback(self, request: Request) -> Response:
         """``{"id": completion id, "reward": number}``: the reward of a canary's response."""
         self._auth(request)
-        body = await _json(request)
+        body = await _json(request, self.max_body)
         rid = body.get("id") if isinstance(body, dict) else None
         value = body.get("reward") if isinstance(body, dict) else None
         if not isinstance(rid, str) or isinstance(value, bool) or \
@@ -296,9 +315,11 @@ class Api:
     # ------------------------------------------------------------------ generation
     async def _complete(self, request: Request, chat: bool) -> Response:
         self._auth(request)
-        p = parse(await _json(request), chat, self.host.tokenizer, self.host.max_len,
-                  self.max_tokens)
-        if self.batcher.queued >= self.max_queue:
+        body = await _json(request, self.max_body)
+        # tokenized off the event loop: a long prompt never stalls the other requests
+        p = await asyncio.to_thread(parse, body, chat, self.host.tokenizer, self.host.max_len,
+                                    self.max_tokens, self.max_queue)
+        if self.batcher.queued + len(p.prompts) > self.max_queue:
             raise RequestError(f"the server has {self.batcher.queued} prompts queued; retry "
                                "later", 503, kind="server_busy")
         run = self.canaries.get(p.model)

@@ -115,9 +115,13 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
-def _prompts(body: dict[str, Any], tokenizer: Any) -> list[list[int]]:
+def _prompts(body: dict[str, Any], tokenizer: Any, max_prompts: int) -> list[list[int]]:
     prompt = body.get("prompt")
     vocab = len(tokenizer)
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) and (
+            len(prompt) > max_prompts):  # before any is tokenized
+        raise RequestError(f"{len(prompt)} prompts in one request; this server takes at most "
+                           f"{max_prompts} (its queue)", param="prompt")
     if isinstance(prompt, str):
         return [encode_text(tokenizer, prompt)]
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
@@ -129,13 +133,15 @@ def _prompts(body: dict[str, Any], tokenizer: Any) -> list[list[int]]:
                        f"in [0, {vocab})", param="prompt")
 
 
-def parse(body: Any, chat: bool, tokenizer_of: Any, max_len_of: Any, max_tokens: int) -> Params:
+def parse(body: Any, chat: bool, tokenizer_of: Any, max_len_of: Any, max_tokens: int,
+          max_prompts: int = 4096) -> Params:
     """Checks a completions (``chat`` False) or chat completions body.
 
     Args:
         tokenizer_of: ``name -> tokenizer``, raising KeyError for an unknown model.
         max_len_of: ``name -> longest prompt + response``.
         max_tokens: Default ``max_tokens``.
+        max_prompts: Most prompts one request may hold.
     """
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
@@ -157,7 +163,7 @@ def parse(body: Any, chat: bool, tokenizer_of: Any, max_len_of: Any, max_tokens:
     if not isinstance(stream, bool):
         raise RequestError("stream must be true or false", param="stream")
     prompts = ([chat_prompt_ids(tokenizer, _messages(body))] if chat
-               else _prompts(body, tokenizer))
+               else _prompts(body, tokenizer, max_prompts))
     sampling = SamplingConfig(temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
                               top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
                               max_new_tokens=_max_tokens(body, max_tokens))

@@ -62,7 +62,7 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
           token: str | None = None, backend: str = "hf", max_batch: int = 32,
           max_tokens: int = 64, canary: dict[str, Any] | None = None,
           canary_log: Path = Path("canary.jsonl"), threads: int | None = None,
-          device: str | None = None) -> None:
+          device: str | None = None, max_request_mb: float = 8.0) -> None:
     """Serves ``target``'s models until interrupted (see docs/serving.md); ``canary`` holds
     the settings a ``POST /admin/canary`` body leaves out (:func:`canary_defaults`);
     ``threads`` pins torch's threads, None tunes them once on the first model
@@ -78,6 +78,8 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
     _check_choice("--device", device or "auto", ("auto", "cpu", "cuda"))
     if max_batch < 1 or max_tokens < 1:
         raise AgentrtError("--max-batch and --max-tokens must be at least 1")
+    if not 0.001 <= max_request_mb <= 4096:
+        raise AgentrtError(f"--max-request-mb takes 0.001 to 4096, not {max_request_mb:g}")
     if threads is not None and threads < 1:
         raise AgentrtError(f"--threads must be at least 1, not {threads}")
     if not 0 <= port <= 65535:
@@ -107,7 +109,7 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
         probe = forward_probe(model, len(models.tokenizer(next(iter(models.current)))))
         batcher.call(lambda: ThreadTuner(probe, every=0).tune()).result()
     app = Api(models, batcher, token, max_tokens, canary_log=canary_log,
-              canary_defaults=canary).app()
+              canary_defaults=canary, max_body=int(max_request_mb * (1 << 20))).app()
     url = f"http://{host}:{sock.getsockname()[1]}"
     print(started_line(models, url, backend), file=sys.stdout, flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
