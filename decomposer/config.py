@@ -26,14 +26,17 @@ from pydantic import Field, model_validator
 
 from agentrt.config.run import LoopConfig, RunConfig
 from agentrt.config.sections import PolicyConfig, Section, SFTConfig
+from agentrt.core.schema import MAX_EVAL, MAX_GROUP, MAX_PER_STEP, MAX_SEED, MAX_TASKS
 
 
 class FamilyConfig(Section):
     name: str = Field("wordchain", description="Task family from agentrt.decomposer.FAMILIES.")
     options: dict[str, Any] = Field(default_factory=dict, description="Family options.")
-    train_size: int = Field(4000, gt=0, description="Training tasks generated from the seed.")
-    eval_size: int = Field(200, gt=0, description="Held-out tasks, disjoint from training.")
-    seed: int = Field(1234, description="Seed of the task generator.")
+    train_size: int = Field(4000, gt=0, le=MAX_TASKS,
+                            description="Training tasks generated from the seed.")
+    eval_size: int = Field(200, gt=0, le=MAX_EVAL,
+                           description="Held-out tasks, disjoint from training.")
+    seed: int = Field(1234, ge=0, le=MAX_SEED, description="Seed of the task generator.")
 
 
 class PlannerConfig(Section):
@@ -73,8 +76,9 @@ class ToolConfig(Section):
 
 class DecomposeLoopConfig(LoopConfig):
     steps: int = Field(40, ge=0, description="RL steps (one batch of chains + updates each).")
-    tasks_per_step: int = Field(32, gt=0, description="Distinct tasks per step.")
-    group_size: int = Field(4, gt=0, description="Chains played per task (planner baselines).")
+    tasks_per_step: int = Field(32, gt=0, le=MAX_PER_STEP, description="Distinct tasks per step.")
+    group_size: int = Field(4, gt=0, le=MAX_GROUP,
+                            description="Chains played per task (planner baselines).")
 
 
 class DecomposeEvalConfig(Section):

@@ -25,7 +25,7 @@ from transformers import (
 )
 
 from agentrt.core.errors import ModelLoadError
-from agentrt.policies.presets import PRESETS
+from agentrt.policies.presets import CONTEXT, PRESETS
 from transformers.utils import logging as hf_logging
 
 hf_logging.disable_progress_bar()
@@ -58,9 +58,9 @@ def _arch_fields(arch: str, widths: dict[str, int]) -> dict[str, Any]:
     heads, head_dim = widths["num_attention_heads"], widths["hidden_size"] // widths["num_attention_heads"]
     if arch == "gpt2":
         return dict(n_embd=widths["hidden_size"], n_inner=widths["intermediate_size"],
-                    n_layer=widths["num_hidden_layers"], n_head=heads, n_positions=2048,
+                    n_layer=widths["num_hidden_layers"], n_head=heads, n_positions=CONTEXT,
                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    fields: dict[str, Any] = dict(widths, max_position_embeddings=2048)
+    fields: dict[str, Any] = dict(widths, max_position_embeddings=CONTEXT)
     if arch == "gpt_neox":
         fields.pop("num_key_value_heads")
         return dict(fields, rotary_pct=0.25, use_parallel_residual=True, attention_dropout=0.0,

@@ -21,6 +21,9 @@ SIZES: dict[str, dict[str, int]] = {
                  num_attention_heads=8, num_key_value_heads=8),
 }
 
+# Positions every preset model takes (prompt + response).
+CONTEXT = 2048
+
 # The architectures a preset can name: transformers' model_type of each.
 ARCHITECTURES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3",
                                   "phi3", "gpt2", "gpt_neox")

@@ -103,7 +103,15 @@ TRAIN = [("train.steps", True, "expected a number"), ("train.steps", -1, "train.
          ("control.token_env", "", "control.token_env"), ("control.enabled", 1, "true or false"),
          ("control", {"enabled": True, "http": {"enabled": False}},
           "control.enabled needs a channel"),
-         ("control.redis", {"url": "redis://127.0.0.1:6379/0", "strem": "x"}, "strem")]
+         ("control.redis", {"url": "redis://127.0.0.1:6379/0", "strem": "x"}, "strem"),
+         # sizes and seeds past what a run can hold or numpy can seed: refused by name, never
+         # a hang or a crash deep inside (issue 41, findings 8 and 11)
+         ("seed", 2**70, "seed"), ("seed", -1, "seed"), ("task.seed", 2**40, "task.seed"),
+         ("task.train_size", 10**9, "task.train_size"), ("task.eval_size", 10**12, "eval_size"),
+         ("train.prompts_per_step", 10**9, "prompts_per_step"),
+         ("train.group_size", 10**10, "group_size"),
+         (P + "rollout.sampling.max_new_tokens", 2048, "leaves no room for a prompt"),
+         (P + "rollout.sampling.max_new_tokens", 10**6, "context of 2048 tokens")]
 TOURNAMENT = [("envs.0.id", "Nope-v0", "unknown env 'Nope-v0'"), ("envs", [], "envs"),
               ("envs.0.template.history", 2, "expected true or false"),
               ("baselines.0.kind", "alphazero", "unknown scripted policy"),
@@ -127,7 +135,13 @@ TOURNAMENT = [("envs.0.id", "Nope-v0", "unknown env 'Nope-v0'"), ("envs", [], "e
               ("baselines.0.kind", "best_response", "target names the learner"),
               ("baselines.0.target", "lm", "target names the learner"),
               ("memory.banks", {"b": {"backend": "mongo"}}, "backend"),
-              ("drift.window_steps", 0, "drift.window_steps")]
+              ("drift.window_steps", 0, "drift.window_steps"),
+              ("seed", 2**70, "seed"), ("runner.seed", 2**64, "runner.seed"),
+              ("baselines.0.seed", -5, "baselines.0.seed"),
+              ("train.games_per_step", 10**9, "games_per_step"),
+              ("warm_start.games_per_step", 10**12, "warm_start.games_per_step"),
+              ("eval.exploiter", {"every": 10, "games_per_step": 10**9}, "games_per_step"),
+              (L + "rollout.sampling.max_new_tokens", 5000, "leaves no room for a prompt")]
 DECOMPOSE = [("family.name", "poetry", "family.name"), ("family.train_size", 0, "train_size"),
              ("planner.kind", "magic", "planner.kind"), ("planner.max_subtasks", 0,
                                                          "max_subtasks"),
@@ -140,7 +154,11 @@ DECOMPOSE = [("family.name", "poetry", "family.name"), ("family.train_size", 0, 
              ("train.tasks_per_step", 0, "tasks_per_step"),
              ("tools", [{"id": "t", "fn": "no_such_mod_x:f", "skills": ["div"]}], "tools.0.fn"),
              ("drift.reference", "rolling", "drift.reference"),
-             ("policies.1.id", "..", "policy id '..' names folders")]
+             ("policies.1.id", "..", "policy id '..' names folders"),
+             ("family.train_size", 10**9, "train_size"), ("family.eval_size", 10**9, "eval_size"),
+             ("family.seed", 2**70, "family.seed"), ("train.group_size", 10**6, "group_size"),
+             ("train.tasks_per_step", 10**9, "tasks_per_step"), ("seed", 2**33, "seed"),
+             ("policies.1.rollout.sampling.max_new_tokens", 2100, "leaves no room")]
 
 
 def _cases() -> dict[str, tuple[str, str, Any, str]]:

@@ -34,6 +34,7 @@ from agentrt.config.sections import PolicyConfig, Section
 from agentrt.core.errors import ConfigError
 from agentrt.core.registry import import_callable
 from agentrt.runner.core import RunnerConfig
+from agentrt.core.schema import MAX_PER_STEP, MAX_SEED
 
 _KIND_HELP = ("Scripted policy: a name in agentrt.policies.scripted.SCRIPTED (random, minimax, "
               "connect4, kuhn, bargain, ...) or 'package.module:Class'.")
@@ -160,7 +161,7 @@ class LeaguePolicyConfig(PolicyConfig):
 class BaselineConfig(Section):
     id: str = Field(..., min_length=1, description="Name in ratings and reports.")
     kind: str = Field("random", description=_KIND_HELP)
-    seed: int = Field(0, description="Seed of its random choices.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of its random choices.")
     roles: tuple[str, ...] | None = Field(None, min_length=1, description=_ROLES_HELP)
     eval_only: bool = Field(
         False, description="Only evaluation plays it (eval.opponents): never scheduled in "
@@ -185,7 +186,8 @@ class WarmStartConfig(Section):
                                             "0 starts RL from the fresh model.")
     teacher: str = Field("random", description="Scripted policy whose moves teach the action "
                                                 "format; a kind as in baselines.")
-    games_per_step: int = Field(32, gt=0, description="Teacher self-play games per step.")
+    games_per_step: int = Field(32, gt=0, le=MAX_PER_STEP,
+                                description="Teacher self-play games per step.")
     lr: float = Field(1e-3, gt=0.0, le=1.0, description="Learning rate of the warm start.")
 
     _teacher = field_validator("teacher")(_scripted_kind)
@@ -193,14 +195,15 @@ class WarmStartConfig(Section):
 
 class LeagueLoopConfig(LoopConfig):
     steps: int = Field(100, ge=0, description="Training steps (one batch of matches each).")
-    games_per_step: int = Field(128, gt=0, description="Matches scheduled per step.")
+    games_per_step: int = Field(128, gt=0, le=MAX_PER_STEP,
+                                description="Matches scheduled per step.")
 
 
 class ExploiterEvalConfig(Section):
     every: int = Field(..., gt=0, description="Train an exploiter of each learner every N steps "
                        "(a multiple of eval.every; also at step 0 and the end).")
     steps: int = Field(50, gt=0, description="Training steps of each exploiter.")
-    games_per_step: int = Field(64, gt=0, description="Exploiter games per step.")
+    games_per_step: int = Field(64, gt=0, le=MAX_PER_STEP, description="Exploiter games per step.")
     games: int = Field(200, gt=0, description="Final games of the exploiter against the frozen "
                                               "policy, spread over the seats.")
 

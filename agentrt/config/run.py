@@ -17,6 +17,7 @@ from agentrt.config.drift import DriftConfig
 from agentrt.config.export import ExportConfig
 from agentrt.config.sections import (CheckpointConfig, GuardsConfig, PolicyConfig, RuntimeConfig,
                                      Section)
+from agentrt.core.schema import MAX_SEED
 
 
 class AsyncRolloutConfig(Section):
@@ -39,7 +40,8 @@ class LoopConfig(Section):
 class RunConfig(Section):
     """Fields every run kind has. Subclasses set their own ``run_dir`` default and ``train:``."""
 
-    seed: int = Field(0, description="Global seed for torch, numpy and python (and schedulers).")
+    seed: int = Field(0, ge=0, le=MAX_SEED,
+                      description="Global seed for torch, numpy and python (and schedulers).")
     run_dir: str = Field("runs/run", description="Output folder for this run.")
     threads: int | None = Field(None, gt=0, description="torch threads (default: tuned, see "
                                 "agentrt.runtime.threads).")

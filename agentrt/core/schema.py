@@ -18,6 +18,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, fie
 
 _NUMBERS = (int, float)
 
+# Bounds of sizes and seeds: past them a run would hang building its data or its first step, or
+# fail deep inside numpy (whose seeds are 32-bit), instead of being refused by name.
+MAX_SEED = 2**32 - 1
+MAX_TASKS = 1_000_000  # prompts or tasks generated from a seed (held in memory)
+MAX_EVAL = 100_000  # held-out prompts or tasks, played at every evaluation
+MAX_PER_STEP = 65_536  # prompts, tasks or games of one step
+MAX_GROUP = 4_096  # samples per prompt or task
+
 
 class ConfigModel(BaseModel):
     """A config section: subclass it instead of ``BaseModel`` (agentrt.config.sections.Section does)."""

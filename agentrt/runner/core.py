@@ -36,7 +36,7 @@ from agentrt.policies.base import Action, ActRequest, Policy, as_policy
 from agentrt.runner.joint import act_all
 from agentrt.runner.record import EpisodeRecord, episode_results
 from agentrt.runner.vector import can_vectorize, run_vectorized
-from agentrt.core.schema import ConfigModel
+from agentrt.core.schema import MAX_SEED, ConfigModel
 from agentrt.core.types import GroupKey, Trajectory, Turn
 
 
@@ -51,7 +51,8 @@ class RunnerConfig(ConfigModel):
     max_retries: int = Field(2, ge=0, description="'retry': invalid actions in a row allowed "
                                                   "before the offender forfeits.")
     max_turns: int = Field(100, gt=0, description="Actions per episode before a truncated draw.")
-    seed: int = Field(0, description="Seeds seat shuffling and default episode seeds.")
+    seed: int = Field(0, ge=0, le=MAX_SEED,
+                      description="Seeds seat shuffling and default episode seeds.")
     record_text: bool = Field(False, description="Keep observation text in Turn.info (logs).")
     vectorize: bool = Field(True, description="Use the numpy fast path when every policy is "
                                               "scripted and the env has a vector game.")

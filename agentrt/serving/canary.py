@@ -23,6 +23,7 @@ from pydantic import Field
 from agentrt.serving.canary_stats import Arm, CanaryTest, Decision, SequentialTest
 from agentrt.rewards import RewardFn
 from agentrt.serving.host import Version
+from agentrt.core.schema import MAX_SEED
 
 
 class CanaryConfig(CanaryTest):
@@ -30,7 +31,7 @@ class CanaryConfig(CanaryTest):
 
     model: str = Field(description="The served name whose requests are shared.")
     path: str = Field(description="The candidate: a model or adapter folder, as /admin/load.")
-    seed: int = Field(0, description="Seed of the routing draws.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of the routing draws.")
     scorer: str | None = Field(None, description="Reward function scoring every response "
                                "(a registered name or module:function); null: feedback only.")
 

@@ -9,16 +9,19 @@ from pydantic import BeforeValidator, Field, SerializeAsAny, ValidationError, mo
 
 from agentrt.config.run import LoopConfig, RunConfig
 from agentrt.config.sections import EvalConfig, PolicyConfig, Section, SFTConfig
-from agentrt.core.schema import format_validation_error
+from agentrt.core.schema import (MAX_EVAL, MAX_GROUP, MAX_PER_STEP, MAX_SEED, MAX_TASKS,
+                                 format_validation_error)
 from agentrt.rewards.sources import RewardSource, parse_reward
 
 
 class TaskConfig(Section):
     name: str = Field("arithmetic", description="Built-in task from agentrt.envs.tasks.TASKS, or a "
                       "prompt source from agentrt.workloads.prompts.data.PROMPT_SOURCES ('dataset': a file).")
-    train_size: int = Field(20000, gt=0, description="Training prompts generated from the seed.")
-    eval_size: int = Field(256, gt=0, description="Held-out prompts, disjoint from training.")
-    seed: int = Field(1234, description="Seed of the task generator.")
+    train_size: int = Field(20000, gt=0, le=MAX_TASKS,
+                            description="Training prompts generated from the seed.")
+    eval_size: int = Field(256, gt=0, le=MAX_EVAL,
+                           description="Held-out prompts, disjoint from training.")
+    seed: int = Field(1234, ge=0, le=MAX_SEED, description="Seed of the task generator.")
     options: dict[str, Any] = Field(default_factory=dict, description="Task-specific options.")
 
     @model_validator(mode="after")
@@ -39,8 +42,9 @@ class TaskConfig(Section):
 
 class PromptLoopConfig(LoopConfig):
     steps: int = Field(100, ge=0, description="RL steps (one rollout + update each).")
-    prompts_per_step: int = Field(32, gt=0, description="Distinct prompts per step.")
-    group_size: int = Field(8, gt=0, description="Responses sampled per prompt.")
+    prompts_per_step: int = Field(32, gt=0, le=MAX_PER_STEP,
+                                  description="Distinct prompts per step.")
+    group_size: int = Field(8, gt=0, le=MAX_GROUP, description="Responses sampled per prompt.")
 
 class DataConfig(Section):
     """Preference data set of ``algorithm: dpo | ipo | kto | listwise`` (docs/preference.md)."""

@@ -30,6 +30,7 @@ from agentrt.rewards.executors import build_executor
 from agentrt.rewards.sources import check_reward, sources_of
 from agentrt.runner.core import EpisodeSpec, RunnerConfig, RunResult
 from agentrt.core.device import resolve_device
+from agentrt.core.errors import AgentrtError
 from agentrt.workloads.prompts.config import TrainConfig
 from agentrt.workloads.prompts.data import open_source
 from agentrt.workloads.prompts.data.sources import PromptSampler, chat_prompt
@@ -207,6 +208,11 @@ class PromptWorkload(Workload):
         return {self.pid: self.policy}
 
     def record(self, played: RunResult, step: int) -> dict[str, float]:
+        if played.episodes and all(ep.ended_by == "context" for ep in played.episodes):
+            raise AgentrtError(
+                f"step {step}: no prompt fits the context with policy.rollout.sampling."
+                f"max_new_tokens={self.policy.max_new_tokens} (prompt + response must fit "
+                f"{self.policy.max_context} tokens), so nothing would train; lower it")
         if not played.trajectories:
             return {}
         scored = score_trajectories(self.rewards, played, f"s{step}")  # one batch per source
