@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import closing
 import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -175,6 +176,29 @@ class MatchStore:
     # ---- reads ---------------------------------------------------------------------------
     def count(self) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM matches").fetchone()[0])
+
+    @classmethod
+    def count_through(cls, run_dir: str | Path, step: int) -> int:
+        """Matches recorded at steps <= ``step`` in ``run_dir``'s database (0 when there is
+        none), read without writing anything: not even SQLite's side files where no
+        write-ahead log holds pages (``immutable``).
+
+        Raises:
+            TournamentError: the file cannot be read as a match database.
+        """
+        path = Path(run_dir) / cls.FILENAME
+        if not path.is_file():
+            return 0
+        wal = path.with_name(path.name + "-wal").is_file()
+        uri = f"{path.resolve().as_uri()}?mode=ro{'' if wal else '&immutable=1'}"
+        try:
+            _check_header(path)
+            with closing(sqlite3.connect(uri, uri=True)) as conn:
+                return int(conn.execute("SELECT COUNT(*) FROM matches WHERE step <= ?",
+                                        (step,)).fetchone()[0])
+        except sqlite3.DatabaseError as exc:
+            raise TournamentError(f"{path} cannot be read as a match database ({exc}); move "
+                                  "it away, or pass --new-run to start the run over") from None
 
     def match_ids(self) -> set[str]:
         return {row[0] for row in self._conn.execute("SELECT match_id FROM matches")}

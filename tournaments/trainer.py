@@ -36,6 +36,7 @@ from agentrt.tournaments.report import (
 )
 from agentrt.tournaments.run_config import TournamentRunConfig
 from agentrt.tournaments.session import Tournament
+from agentrt.tournaments.records import MatchStore
 from agentrt.tournaments.types import Match, MatchResult
 
 from agentrt.config.sections import SFTConfig
@@ -174,7 +175,8 @@ class LeagueWorkload(Workload):
             metrics = objectives.sft(ctl, pid, lambda i: training_trajectories(runner.run(
                 self._teacher_games(i)).trajectories), sft, ws.steps, self.progress,
                 f"warm start {pid}")
-        self.memory.forget_after(-1)  # a fresh start: what an earlier start wrote in Redis
+        self.memory.forget_after(-1)  # a fresh start: what an earlier start wrote in Redis,
+        self.tournament.store.truncate_after(-1)  # and its matches (not this run's results)
         versions = ctl.versions()
         for pid in self.learners:
             ctl.snapshot(pid, 0)
@@ -374,6 +376,9 @@ class LeagueWorkload(Workload):
         return {"baselines": {k: scripted_state(b) for k, b in self.baselines.items()},
                 "tournament": self.tournament.state_dict(), "memory": self.memory.state_dict(),
                 "heldout": {k: [asdict(ex) for ex in v] for k, v in self.heldout.items()}}
+
+    def stored_rows(self, step: int) -> dict[str, int]:
+        return {MatchStore.FILENAME: MatchStore.count_through(self.ctl.run_dir.path, step)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tournament.load_state_dict(state["tournament"])

@@ -186,8 +186,9 @@ class EpisodeLog:
     def append_step(self, step: int, episodes: list[Episode]) -> None:
         """Writes ``step``'s episodes in one transaction, replacing the rows of this step and
         of every later step (a resumed run replays them)."""
-        conn = self._connect(write=True)
+        conn = None
         try:
+            conn = self._connect(write=True)
             with conn:
                 conn.execute("DELETE FROM episodes WHERE step >= ?", (step,))
                 memo: dict[Any, str] = {}  # alive while its rows are: ids of dicts stay valid
@@ -195,6 +196,33 @@ class EpisodeLog:
                     f"INSERT INTO episodes ({', '.join(_COLUMNS)}) VALUES "
                     f"({', '.join('?' * len(_COLUMNS))})",
                     [e.values(memo) for e in episodes])
+        except sqlite3.DatabaseError as exc:
+            raise AgentrtError(f"{self.path} is damaged ({exc}); restore it, or move it away "
+                               "and resume with --resume force to start a new log") from None
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def count_through(self, step: int) -> int:
+        """Rows of steps <= ``step`` (0 without a log), read-only.
+
+        Raises:
+            AgentrtError: the file is not a readable episode log (damaged).
+        """
+        if not self.path.is_file():
+            return 0
+        # a journal left by a killed write: opened for writing, so SQLite rolls it back
+        hot = self.path.with_name(self.path.name + "-journal").is_file()
+        conn = sqlite3.connect(self.path, timeout=30) if hot else self._connect(write=False)
+        try:
+            check = conn.execute("PRAGMA quick_check").fetchone()
+            if not check or check[0] != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {check[0] if check else '-'}")
+            return int(conn.execute("SELECT COUNT(*) FROM episodes WHERE step <= ?",
+                                    (step,)).fetchone()[0])
+        except sqlite3.DatabaseError as exc:
+            raise AgentrtError(f"{self.path} is damaged ({exc}); restore it, or move it away "
+                               "and resume with --resume force to start a new log") from None
         finally:
             conn.close()
 

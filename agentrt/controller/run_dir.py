@@ -98,6 +98,7 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir = self.path / "checkpoints"
         self.metrics_path = self.path / "metrics.jsonl"
+        self.start = "auto"  # how open() was asked to take the folder ("force": accept damage)
 
     @classmethod
     def open(cls, path: str | Path, config: BaseModel, start: str = "auto",
@@ -118,6 +119,7 @@ class RunDir:
         if start not in START:
             raise ValueError(f"start must be one of {START}, not {start!r}")
         run = cls(path)
+        run.start = start
         lock(run.path)
         try:
             run._claim(run_identity(config.model_dump(mode="json")), at_default(config), start,
@@ -145,6 +147,11 @@ class RunDir:
             if not diff:  # made by an agentrt without these fields: it ran as their defaults do
                 log.warning("run folder %s was made before config field(s) %s existed; resuming "
                             "it with their defaults", self.path, ", ".join(sorted(new_fields)))
+            elif start == "auto" and not self.checkpoints():  # nothing of it to resume
+                removed = self.remove(outputs)
+                log.warning("run folder %s holds a run of another config that saved no "
+                            "checkpoint (%s); starting this one over in it%s", self.path, diff,
+                            f" (deleted its {', '.join(removed)})" if removed else "")
             elif start == "auto":
                 raise RunFolderError(
                     f"run folder {self.path} holds another run ({diff}); pass --new-run to "

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 from agentrt.controller.drift import DriftPaused, weights_sha256
 from agentrt.controller.identity import RunFolderError
 from agentrt.controller.checkpoint import load_checkpoint
-from agentrt.controller.run_dir import rng_state, set_rng_state, truncate_jsonl
+from agentrt.controller.episodes import EPISODES, EpisodeLog
+from agentrt.controller.versions import VERSIONS, read_versions
+from agentrt.controller.run_dir import read_jsonl, rng_state, set_rng_state, truncate_jsonl
 from agentrt.controller.workload import Workload
 
 if TYPE_CHECKING:
@@ -22,10 +24,46 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def stored_rows(ctl: Controller, work: Workload, step: int) -> dict[str, int]:
+    """Rows of steps <= ``step`` in each store of the run folder: the metrics, the episode log
+    and the workload's own (a league's matches), read without changing anything."""
+    rows = sum(1 for r in read_jsonl(ctl.run_dir.metrics_path)
+               if isinstance(r.get("step"), int) and r["step"] <= step)
+    # versions: the policy records of earlier checkpoints (this one's is written after it)
+    versions = sum(1 for r in read_versions(ctl.run_dir.path).values() if isinstance(r, dict)
+                   and r.get("kind") == "policy" and isinstance(r.get("step"), int)
+                   and r["step"] < step)
+    return {"metrics.jsonl": rows, EPISODES: EpisodeLog(ctl.run_dir.path).count_through(step),
+            VERSIONS: versions, **work.stored_rows(step)}
+
+
+def check_stores(ctl: Controller, work: Workload, ckpt: Any, state: dict[str, Any]) -> None:
+    """The stores hold the rows ``ckpt`` recorded through its step (before a resume changes
+    anything): a store deleted, cut or replaced since would resume silently wrong. Refused
+    with one line; ``--resume force`` goes on with a warning."""
+    recorded = state.get("stores")
+    if not recorded:  # a checkpoint of an agentrt before the counts
+        return
+    found = stored_rows(ctl, work, int(state["step"]))  # a damaged file: its one-line error
+    lost = [f"{name} holds {found[name]} of the {want} rows {ckpt.name} recorded"
+            for name, want in recorded.items() if name in found and found[name] != want]
+    if not lost:
+        return
+    what = "; ".join(lost)
+    if ctl.run_dir.start == "force":
+        log.warning("%s (deleted, cut or replaced since); --resume force: going on with them as "
+                    "they are", what)
+        return
+    raise RunFolderError(f"{what}: rows were lost or changed since the checkpoint; restore "
+                         f"the file(s), or pass --resume force to go on with them as they are")
+
+
 def state_dict(ctl: Controller, work: Workload) -> dict[str, Any]:
-    """What a checkpoint holds: the step, every pool, the workload, RNG, drift and control."""
+    """What a checkpoint holds: the step, every pool, the workload, RNG, drift, control, and
+    the rows each store holds through the step (checked on resume)."""
     state = {"step": ctl.step, "pools": {p.cfg.id: p.state_dict() for p in ctl.pools},
-             "workload": work.state_dict(), "rng": rng_state()}
+             "workload": work.state_dict(), "rng": rng_state(),
+             "stores": stored_rows(ctl, work, ctl.step)}
     if ctl.drift is not None:
         state["drift"] = ctl.drift.state_dict()
     if ctl.control is not None:
@@ -58,6 +96,7 @@ def resume(ctl: Controller, work: Workload) -> bool:
     if found is None:
         return False
     ckpt, state = found
+    check_stores(ctl, work, ckpt, state)
     ctl.step = int(state["step"])
     set_rng_state(state["rng"])  # first: the pools' own RNG states (they sampled) win
     for pool in ctl.pools:

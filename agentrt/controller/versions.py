@@ -131,8 +131,8 @@ def read_versions(run_dir: Path) -> dict[str, dict[str, Any]]:
     try:
         records = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path} is not readable JSON ({exc}); it is rewritten at the next "
-                          "checkpoint") from None
+        raise ConfigError(f"{path} is not readable JSON ({exc}); restore it, or move it "
+                          "away to start a new record of the versions") from None
     if not isinstance(records, dict):
         raise ConfigError(f"{path} does not hold a mapping of versions")
     return records

@@ -145,6 +145,12 @@ class Workload:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores :meth:`state_dict` on resume."""
 
+    def stored_rows(self, step: int) -> dict[str, int]:
+        """Rows of steps <= ``step`` in each store of its own in the run folder (file name ->
+        count), read without changing anything: a checkpoint records them and a resume checks
+        them (e.g. a league's ``matches.sqlite``)."""
+        return {}
+
     def checkpointed(self, step: int, oldest: int) -> None:
         """The checkpoint of ``step`` is written and the run folder keeps none older than
         ``oldest`` (e.g. a stream acknowledges what that one holds)."""
