@@ -24,7 +24,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from agentrt.core.errors import ModelLoadError
+from agentrt.core.errors import ConfigError, ModelLoadError
 from agentrt.policies.presets import CONTEXT, PRESETS
 from transformers.utils import logging as hf_logging
 
@@ -113,14 +113,25 @@ def build_model(out_dir: str | Path, preset: str = "llama-tiny", seed: int = 0,
     return out
 
 
+# Files a Hugging Face tokenizer loads from (one is enough: fast, SentencePiece, BPE vocab, or
+# the config of a tokenizer that says where its vocabulary comes from).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model",
+                   "tokenizer_config.json")
+
+
 def check_model_folder(folder: Path) -> None:
-    """A local Hugging Face model folder: it exists and has a config.json (ModelLoadError)."""
+    """A local Hugging Face model folder: it exists and has a config.json and a tokenizer
+    (ModelLoadError)."""
     if not folder.is_dir():
         raise ModelLoadError(f"model folder {str(folder)!r} does not exist; set policy.model.path "
                              "to a local Hugging Face folder or use policy.model.preset")
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"model folder {str(folder)!r} has no config.json; it is not a "
                              "Hugging Face model folder")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(f"model folder {str(folder)!r} has no tokenizer (none of "
+                             f"{', '.join(TOKENIZER_FILES)}); save it beside the weights "
+                             "(tokenizer.save_pretrained(folder))")
 
 
 def lora_targets(model: torch.nn.Module, names: tuple[str, ...] | None = None
@@ -146,6 +157,14 @@ def lora_targets(model: torch.nn.Module, names: tuple[str, ...] | None = None
         leaf = parts[-2] if parts[-1] == "base_layer" else parts[-1]  # peft wraps the layer
         if leaf != "lm_head":
             found[leaf] = found.get(leaf, False) or isinstance(module, Conv1D)
+    if names:
+        linear = [n.removesuffix(".base_layer") for n, m in model.named_modules()
+                  if isinstance(m, (torch.nn.Linear, Conv1D)) and "lora_" not in n]
+        missing = [t for t in names if not any(n == t or n.endswith(f".{t}") for n in linear)]
+        if missing:  # peft's own error comes after the load, as an unexplained exception
+            raise ConfigError(f"lora.target_modules: {', '.join(map(repr, missing))} is no "
+                              f"linear layer of this model; its layers: "
+                              f"{', '.join(sorted(found))}")
     targets = list(names) if names else sorted(found)
     return targets, any(found.get(n, False) for n in targets)
 

@@ -1,5 +1,7 @@
-"""Bad input everywhere (issue 18, must-show 5): bad configs of every kind through the command
-that runs them, and corrupt run folders through every command that reads one. Each is exit code
+"""Bad input everywhere (issue 18, must-show 5; issue 41, must-shows 2 and 3): bad configs of
+every kind through the command that runs them, serve's bad command lines (ctl's are in
+test_control.py, against a live run), and corrupt run folders through every command that reads
+one. Each is exit code
 2, exactly one ``error:`` line on stderr, no traceback, and nothing changed on disk (every file's
 bytes and mtime, ``.lock`` aside). ``pytest -s`` prints the counts.
 
@@ -15,6 +17,7 @@ import hashlib
 import os
 import shutil
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Callable
 
@@ -111,7 +114,10 @@ TRAIN = [("train.steps", True, "expected a number"), ("train.steps", -1, "train.
          ("train.prompts_per_step", 10**9, "prompts_per_step"),
          ("train.group_size", 10**10, "group_size"),
          (P + "rollout.sampling.max_new_tokens", 2048, "leaves no room for a prompt"),
-         (P + "rollout.sampling.max_new_tokens", 10**6, "context of 2048 tokens")]
+         (P + "rollout.sampling.max_new_tokens", 10**6, "context of 2048 tokens"),
+         ("threads", 100000, "threads"),
+         ("reward", "broken_at_import:reward", "failed while importing: RuntimeError: the "
+                                               "reward module is broken")]
 TOURNAMENT = [("envs.0.id", "Nope-v0", "unknown env 'Nope-v0'"), ("envs", [], "envs"),
               ("envs.0.template.history", 2, "expected true or false"),
               ("baselines.0.kind", "alphazero", "unknown scripted policy"),
@@ -141,7 +147,11 @@ TOURNAMENT = [("envs.0.id", "Nope-v0", "unknown env 'Nope-v0'"), ("envs", [], "e
               ("train.games_per_step", 10**9, "games_per_step"),
               ("warm_start.games_per_step", 10**12, "warm_start.games_per_step"),
               ("eval.exploiter", {"every": 10, "games_per_step": 10**9}, "games_per_step"),
-              (L + "rollout.sampling.max_new_tokens", 5000, "leaves no room for a prompt")]
+              (L + "rollout.sampling.max_new_tokens", 5000, "leaves no room for a prompt"),
+              ("envs.0.template.first", "{observation} {board}", "unknown placeholder(s) "
+                                                                  "{board}"),
+              ("envs.0.template.turn", "{observation", "expected '}' before end of string"),
+              ("envs.0.template.first", "{}: {legal}", "unknown placeholder(s) {}")]
 DECOMPOSE = [("family.name", "poetry", "family.name"), ("family.train_size", 0, "train_size"),
              ("planner.kind", "magic", "planner.kind"), ("planner.max_subtasks", 0,
                                                          "max_subtasks"),
@@ -197,10 +207,12 @@ RAW = {
 
 
 def snapshot(root: Path) -> dict[str, tuple[str, int]]:
-    """Every entry under ``root`` (``.lock`` aside): a file's sha256 and mtime, a folder's mtime."""
+    """Every entry under ``root`` (``.lock`` aside, and SQLite's ``-shm`` shared-memory index,
+    which any reader of a database with a write-ahead log rewrites): a file's sha256 and mtime,
+    a folder's mtime."""
     found = {}
     for path in sorted(root.rglob("*")):
-        if path.name == ".lock":
+        if path.name == ".lock" or path.name.endswith("-shm"):
             continue
         stat = path.lstat()
         digest = (hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir")
@@ -247,9 +259,17 @@ def test_bad_config(name: str, tmp_path: Path, monkeypatch, capsys) -> None:
 
 
 def test_counts(capsys) -> None:
+    """Issue 41, must-shows 2 and 3: >= 250 bad inputs across every command (configs of every
+    kind, serve's command line here, ctl's against a live run in test_control.py) and >= 60
+    damaged states over the files of a run folder."""
+    from test_control import CTL_BAD
+
+    total = len(CONFIGS) + len(RAW) + len(SERVE) + len(CTL_BAD)
     with capsys.disabled():
-        print(f"\n{len(CONFIGS) + len(RAW)} bad configs, {len(STATES)} corrupt states")
-    assert len(CONFIGS) + len(RAW) >= 100 and len(STATES) >= 25
+        print(f"\n{len(CONFIGS) + len(RAW)} bad configs, {len(SERVE)} bad serve command lines, "
+              f"{len(CTL_BAD)} bad ctl commands ({total} bad inputs); "
+              f"{len(STATES)} corrupt states")
+    assert total >= 250 and len(STATES) >= 60
 
 
 
@@ -338,10 +358,78 @@ def _empty_db(run: Path) -> None:
         db.execute("CREATE TABLE notes (x)")
 
 
+def _sql(rel: str, statement: str) -> Callable[[Path], None]:
+    def change(run: Path) -> None:
+        with closing(sqlite3.connect(run / rel)) as db, db:
+            db.execute(statement)
+    return change
+
+
+def _zero_block(rel: str) -> Callable[[Path], None]:
+    """4 KiB of zeros over the file's second page (a bad sector, a torn write)."""
+    def change(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        data[4096:8192] = bytes(len(data[4096:8192]))
+        path.write_bytes(bytes(data))
+    return _each(rel, change)
+
+
+def _keep_lines(rel: str, n: int) -> Callable[[Path], None]:
+    return _each(rel, lambda path: path.write_text(
+        "".join(path.read_text().splitlines(keepends=True)[:n])))
+
+
 CKPT = "checkpoints/step_*/"
 # name -> (run to copy, damage, command: {run} is the copy, {cfg} its config.yaml, expected)
 STATES: dict[str, tuple[str, Callable[[Path], None], str, str]] = {
     "train_state_truncated": ("train", _truncate(CKPT + "state.pt"), "train {cfg}", "no good"),
+    # every store against the rows the newest checkpoint recorded (issue 41, finding 9)
+    "train_lock_dir": ("train", _remove(".lock", make_dir=True), "train {cfg}",
+                       ".lock cannot be the run folder's lock file (Is a directory)"),
+    "train_lock_symlink": ("train", lambda run: ((run / ".lock").unlink(missing_ok=True),
+                                                 (run / ".lock").symlink_to(run / "run.json")),
+                           "train {cfg}", "cannot be the run folder's lock file"),
+    "train_metrics_deleted": ("train", _remove("metrics.jsonl"), "train {cfg}",
+                              "metrics.jsonl holds 0 of the 2 rows step_1 recorded"),
+    "train_metrics_cut": ("train", _keep_lines("metrics.jsonl", 1), "train {cfg}",
+                          "metrics.jsonl holds 1 of the 2 rows"),
+    "train_metrics_garbage": ("train", _write("metrics.jsonl", b"\x00garbage\n{\n"),
+                              "train {cfg}", "metrics.jsonl holds 0 of the"),
+    "train_metrics_dir": ("train", _remove("metrics.jsonl", make_dir=True), "train {cfg}",
+                          "metrics.jsonl"),
+    "train_episodes_deleted": ("train", _remove("episodes.sqlite"), "train {cfg}",
+                               "episodes.sqlite holds 0 of the 4 rows"),
+    "train_episodes_rows_deleted": ("train", _sql("episodes.sqlite", "DELETE FROM episodes "
+                                                  "WHERE idx = 0"), "train {cfg}",
+                                    "episodes.sqlite holds 3 of the 4 rows step_1 "
+                                    "recorded"),
+    "train_episodes_zero_block": ("train", _zero_block("episodes.sqlite"), "train {cfg}",
+                                  "episodes.sqlite is damaged"),
+    "train_episodes_garbage": ("train", _write("episodes.sqlite", b"not a db" * 600),
+                               "train {cfg}", "episodes.sqlite is damaged"),
+    "train_episodes_dir": ("train", _remove("episodes.sqlite", make_dir=True), "train {cfg}",
+                           "episodes.sqlite"),
+    "train_versions_deleted": ("train", _remove("versions.json"), "train {cfg}",
+                               "versions.json holds 0 of the 1 rows step_1 recorded"),
+    "train_versions_garbage": ("train", _write("versions.json", b"{garbage"), "train {cfg}",
+                               "versions.json is not readable JSON"),
+    "league_versions_deleted": ("league", _remove("versions.json"), "tournament run {cfg}",
+                                "versions.json holds 0 of the"),
+    "league_matches_zeros": ("league", _db(_zeros("matches.sqlite")), "tournament run {cfg}",
+                             "matches.sqlite cannot be read as a match database"),
+    "league_metrics_cut": ("league", _keep_lines("metrics.jsonl", 1), "tournament run {cfg}",
+                           "metrics.jsonl holds 1 of the"),
+    "league_matches_deleted": ("league", _db(_remove("matches.sqlite")), "tournament run {cfg}",
+                               "matches.sqlite holds 0 of the"),
+    "league_matches_rows_deleted": ("league", _sql("matches.sqlite", "DELETE FROM matches WHERE "
+                                                   "step = 1"), "tournament run {cfg}",
+                                    "matches.sqlite holds"),
+    "league_metrics_deleted": ("league", _remove("metrics.jsonl"), "tournament run {cfg}",
+                               "metrics.jsonl holds 0 of the"),
+    "league_episodes_deleted": ("league", _remove("episodes.sqlite"), "tournament run {cfg}",
+                                "episodes.sqlite holds 0 of the"),
+    "league_episodes_zero_block": ("league", _zero_block("episodes.sqlite"),
+                                   "tournament run {cfg}", "episodes.sqlite is damaged"),
     "train_state_zeros": ("train", _zeros(CKPT + "state.pt"), "train {cfg}", "no good"),
     "train_state_garbage": ("train", _write(CKPT + "state.pt", b"garbage" * 99), "train {cfg}",
                             "no good checkpoint"),
@@ -444,4 +532,56 @@ def test_corrupt_state(name: str, runs: dict[str, Path], tmp_path: Path, monkeyp
         if held is not None:
             os.close(held)
     assert_one_line(*result, expected)
+    assert snapshot(tmp_path) == before
+
+
+# ---------------------------------------------------------------- agentrt serve's command line
+# (arguments, with {model} a model folder, {bare} one without its tokenizer and {tmp} a folder
+# holding no model; a piece of the one error line). Each is refused before anything is loaded
+# or bound, except the tokenizer, whose absence shows when the folder loads.
+SERVE = [
+    (["{model}", "--port", "-1"], "--port -1 is not a TCP port"),
+    (["{model}", "--port", "70000"], "is not a TCP port"),
+    (["{model}", "--port", "http"], "--port"),
+    (["{model}", "--max-batch", "0"], "--max-batch"),
+    (["{model}", "--max-tokens", "-5"], "--max-tokens"),
+    (["{model}", "--threads", "0"], "--threads takes 1 to 1024"),
+    (["{model}", "--threads", "100000"], "--threads takes 1 to 1024"),
+    (["{model}", "--backend", "tpu"], "hf or vllm"),
+    (["{model}", "--device", "tpu"], "--device"),
+    (["{model}", "--max-request-mb", "0"], "--max-request-mb takes"),
+    (["{model}", "--max-request-mb", "nan"], "--max-request-mb takes"),
+    (["{model}", "--max-request-mb", "1e9"], "--max-request-mb takes"),
+    (["{model}", "--canary-share", "2"], "share"),
+    (["{model}", "--canary-alpha", "0"], "alpha"),
+    (["{model}", "--canary-power", "1.5"], "power"),
+    (["{model}", "--canary-margin", "-1"], "margin"),
+    (["{model}", "--canary-log", "{tmp}"], "is a folder"),
+    (["{tmp}/missing"], "does not exist"),
+    (["{tmp}"], "neither a model"),
+    (["{model}", "--adapter", "oops"], "NAME=PATH"),
+    (["{model}", "--adapter", "a={tmp}/missing"], "does not exist"),
+    (["{model}", "--base", "{tmp}/missing"], "--base"),
+    (["{bare}"], "tokenizer"),
+]
+
+
+@pytest.fixture(scope="module")
+def bare_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model's weights and config without any tokenizer file."""
+    bare = tmp_path_factory.mktemp("bare") / "model"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        if (tiny_model_dir / name).is_file():
+            shutil.copy(tiny_model_dir / name, bare / name)
+    return bare
+
+
+@pytest.mark.parametrize("args, expected", SERVE, ids=[" ".join(a) for a, _ in SERVE])
+def test_bad_serve_command(args: list[str], expected: str, tiny_model_dir: Path,
+                           bare_model: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    args = [a.format(model=tiny_model_dir, bare=bare_model, tmp=tmp_path) for a in args]
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    assert_one_line(*run_cli(monkeypatch, capsys, "serve", *args), expected)
     assert snapshot(tmp_path) == before

@@ -113,6 +113,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         wait_for(f"the pause before step {PAUSE}", lambda: (
             (s := send(run, None))["paused"] and s["next_step"] == PAUSE), proc)
         rec["bad_value"] = ctl(str(run), "set", "train.prompts_per_step=0")
+        rec["ctl_table"] = {" ".join(args): (ctl(str(run), *args), words)
+                            for args, words in CTL_BAD}
         rec["not_live"] = ctl(str(run), "set", "policy.optim.betas=[0.8, 0.9]")
         rec["unknown_episode"] = ctl(str(run), "feedback", "s99-0", "1.0")
         rec["status_before"] = send(run, None)
@@ -151,6 +153,35 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return rec
 
 
+# agentrt ctl's bad input against a live (paused) run: (arguments, piece of the one error line).
+# Sizes a run cannot hold and a max_new_tokens no prompt fits would have wedged the run or
+# trained nothing (issue 41, finding 8); each is refused and changes nothing.
+CTL_BAD = [
+    (["set", "train.prompts_per_step=1000000000"], "train.prompts_per_step"),
+    (["set", "train.group_size=100000"], "train.group_size"),
+    (["set", "train.group_size=0"], "train.group_size"),
+    (["set", "train.prompts_per_step=true"], "expected a number"),
+    (["set", "train.prompts_per_step=2.5"], "train.prompts_per_step"),
+    (["set", "policy.rollout.sampling.max_new_tokens=4096"], "leaves no room for a prompt"),
+    (["set", "policy.rollout.sampling.max_new_tokens=0"], "max_new_tokens"),
+    (["set", "policy.rollout.sampling.temperature=-1"], "temperature"),
+    (["set", "policy.rollout.sampling.top_p=0"], "top_p"),
+    (["set", "policy.optim.lr=-0.1"], "policy.optim.lr"),
+    (["set", "policy.optim.lr=fast"], "policy.optim.lr"),
+    (["set", "seed=5"], "cannot be changed while the run runs"),
+    (["set", "nonsense.field=1"], "cannot be changed while the run runs"),
+    (["set", "train.prompts_per_step"], "must look like"),
+    (["set", "=3"], "must look like"),
+    (["set", "train.prompts_per_step=[1"], "not valid YAML"),
+    (["feedback", "s1-0", "nan"], "finite number"),
+    (["feedback", "s1-0", "inf"], "finite number"),
+    (["feedback", "../../etc/passwd", "1"], "no episode"),
+    (["inject", "   "], "inject needs"),
+    (["pause", "--at-step", "-3"], "step number >= 1"),
+    (["pause", "--at-step", "0"], "step number >= 1"),
+]
+
+
 def by_step(episodes: list[Any]) -> dict[int, list[Any]]:
     out: dict[int, list[Any]] = {}
     for e in episodes:
@@ -184,6 +215,16 @@ def test_refused_commands_are_one_line_and_change_nothing(scenario) -> None:
     assert scenario["status_before"]["live"] == {}
     row = scenario["metrics"][PAUSE]
     assert "control/set/policy.optim.betas" not in row and "control/refused" not in row
+
+
+def test_ctl_bad_input_table_is_one_line_each_and_changes_nothing(scenario) -> None:
+    """Every row of CTL_BAD: exit 2, one ``error:`` line naming what is wrong, nothing on
+    stdout, and the run's live values untouched (its status after them shows none)."""
+    for line, ((code, out, err), words) in scenario["ctl_table"].items():
+        assert code == 2 and out == "" and err.count("\n") == 1, (line, code, out, err)
+        assert err.startswith("error: ") and words in err and "Traceback" not in err, (line, err)
+    assert scenario["status_before"]["live"] == {}
+    assert len(scenario["ctl_table"]) == len(CTL_BAD) >= 20
 
 
 def test_batch_size_and_temperature_change_at_the_next_step(scenario) -> None:

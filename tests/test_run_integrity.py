@@ -413,3 +413,23 @@ def test_each_folder_gets_its_own_run_uid_kept_by_resume_and_new_run(
     del held["run_uid"]
     (tmp_path / "a" / "run.json").write_text(json.dumps(held))
     assert uid(tmp_path / "a", seed=6) == held["config_sha256"][:16]
+
+
+def test_a_run_refused_before_its_first_checkpoint_does_not_hold_its_folder(
+        tiny_model_dir, tmp_path) -> None:
+    """Issue 41, finding 11: a LoRA target typo is refused (when the model loads) with one line
+    naming the field, not as an agentrt bug; and the folder it leaves (run.json, no checkpoint)
+    takes the corrected config instead of refusing it as "another run"."""
+    run_dir = tmp_path / "run"
+    bad = train_config(run_dir, tiny_model_dir, train={"steps": 1, "prompts_per_step": 2,
+                                                       "group_size": 2})
+    bad["policy"]["lora"] = {"enabled": True, "target_modules": ["q_proj", "q_projj"]}
+    line = one_error_line(cli("train", str(write_yaml(tmp_path / "bad.yaml", bad))))
+    assert "lora.target_modules: 'q_projj' is no linear layer of this model" in line
+    assert (run_dir / "run.json").is_file() and not RunDir(run_dir).checkpoints()
+    good = json.loads(json.dumps(bad))
+    good["policy"]["lora"]["target_modules"] = ["q_proj", "v_proj"]
+    proc = cli("train", str(write_yaml(tmp_path / "good.yaml", good)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "saved no checkpoint" in proc.stderr and "starting this one over" in proc.stderr
+    assert [p.name for p in RunDir(run_dir).checkpoints()] == ["step_0", "step_1"]

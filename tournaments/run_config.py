@@ -111,12 +111,33 @@ def _play_one_game(env: EnvEntry, agents: tuple[str, ...], kind: str, seed: int,
     return None
 
 
+TEMPLATE_FIELDS = ("observation", "agent", "env", "legal")  # what PromptTemplate.render fills
+
+
 class TemplateConfig(Section):
     first: str = Field("{observation}\nAction: ", description="Prompt text of the first turn.")
     turn: str = Field("\n{observation}\nAction: ", description="Prompt text of later turns.")
     history: bool = Field(
         True, description="Later prompts extend earlier turns (False: each turn sees only the "
                           "current observation, for games whose observation is the full state).")
+
+    @field_validator("first", "turn")
+    @classmethod
+    def _placeholders(cls, text: str) -> str:
+        """Only the fields a prompt is rendered with, and well-formed braces."""
+        import string
+
+        try:
+            names = [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+        except ValueError as exc:
+            raise ValueError(f"{exc}; write a literal brace as {{{{ or }}}}") from None
+        allowed = ", ".join("{%s}" % n for n in TEMPLATE_FIELDS)
+        unknown = sorted({"{%s}" % n for n in names if n.split(".")[0].split("[")[0]
+                          not in TEMPLATE_FIELDS})
+        if unknown:
+            raise ValueError(f"unknown placeholder(s) {', '.join(unknown)}; a template may use "
+                             f"{allowed} (a literal brace: {{{{ or }}}})")
+        return text
 
     def prompt(self) -> PromptTemplate:
         """The policies' prompt template of this env (agentrt.policies.lm)."""

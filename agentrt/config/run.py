@@ -43,8 +43,8 @@ class RunConfig(Section):
     seed: int = Field(0, ge=0, le=MAX_SEED,
                       description="Global seed for torch, numpy and python (and schedulers).")
     run_dir: str = Field("runs/run", description="Output folder for this run.")
-    threads: int | None = Field(None, gt=0, description="torch threads (default: tuned, see "
-                                "agentrt.runtime.threads).")
+    threads: int | None = Field(None, gt=0, le=1024, description="torch threads (default: "
+                                "tuned, see agentrt.runtime.threads).")
     progress: bool = Field(True, description="Show a progress bar on the terminal (a line per "
                            "step when output is redirected).")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)

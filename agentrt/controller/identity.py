@@ -143,7 +143,12 @@ def lock(folder: Path) -> None:
     key = str(folder.resolve())
     if key in _HELD:
         return
-    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:  # a folder, a symlink, no permission: not a lock this process can take
+        raise RunFolderError(f"{folder / LOCK} cannot be the run folder's lock file "
+                             f"({exc.strerror}); remove it if no agentrt process uses "
+                             f"{folder}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

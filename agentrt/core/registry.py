@@ -98,6 +98,10 @@ def import_callable(spec: str, what: str) -> Callable[..., Any]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"{what}: cannot import module {module_name!r} ({exc})") from None
+    except Exception as exc:  # the user's module raised while it ran
+        first = str(exc).strip().splitlines()[:1]
+        raise ConfigError(f"{what}: module {module_name!r} failed while importing: "
+                          f"{type(exc).__name__}{': ' + first[0] if first else ''}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"{what}: {module_name!r} has no function {attr!r}")

@@ -92,7 +92,12 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
 
     ``prefix`` goes before each location (a list item validated on its own: 'reward.0.')."""
     lines = []
-    for e in err.errors():
+    errors = err.errors()
+    for e in errors:
+        if e["type"] == "too_short" and any(  # a list short only because an item failed
+                len(o["loc"]) > len(e["loc"]) and o["loc"][:len(e["loc"])] == e["loc"]
+                for o in errors):
+            continue
         loc = prefix + ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")

@@ -34,6 +34,7 @@ from agentrt.runtime import attention
 from agentrt.config.rollout import SamplingConfig
 from agentrt.config.sections import PolicyConfig
 from agentrt.core.device import resolve_device
+from agentrt.core.errors import ConfigError
 from agentrt.policies.models import build_model, load_model, lora_targets
 from agentrt.runtime.rollout.hf import Completion, HFRollout
 from agentrt.runtime.rollout.static import grouped_unsupported
@@ -55,7 +56,10 @@ def peft_config(cfg: PolicyConfig, model: nn.Module) -> Any:
     unless ``lora.target_modules`` names them; see :func:`agentrt.policies.models.lora_targets`)."""
     from peft import LoraConfig as PeftLoraConfig
 
-    targets, fan_in_fan_out = lora_targets(model, cfg.lora.target_modules)
+    try:
+        targets, fan_in_fan_out = lora_targets(model, cfg.lora.target_modules)
+    except ConfigError as exc:
+        raise ConfigError(f"policy {cfg.id!r}: {exc}") from None
     return PeftLoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                           target_modules=targets, fan_in_fan_out=fan_in_fan_out,
                           task_type="CAUSAL_LM")

@@ -80,8 +80,8 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
         raise AgentrtError("--max-batch and --max-tokens must be at least 1")
     if not 0.001 <= max_request_mb <= 4096:
         raise AgentrtError(f"--max-request-mb takes 0.001 to 4096, not {max_request_mb:g}")
-    if threads is not None and threads < 1:
-        raise AgentrtError(f"--threads must be at least 1, not {threads}")
+    if threads is not None and not 1 <= threads <= 1024:
+        raise AgentrtError(f"--threads takes 1 to 1024, not {threads}")
     if not 0 <= port <= 65535:
         raise AgentrtError(f"--port {port} is not a TCP port (0-65535; 0: any free port)")
     canary = canary_defaults(**(canary or {}))

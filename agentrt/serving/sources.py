@@ -64,6 +64,9 @@ def source_of(name: str, folder: Path, base: Path | None) -> Source:
         raise AgentrtError(f"{folder} does not exist; give a run folder, a Hugging Face model "
                            "folder or a LoRA adapter folder")
     if is_model(folder):
+        from agentrt.policies.models import check_model_folder
+
+        check_model_folder(folder)  # its tokenizer too, before anything loads
         return Source(name, folder, None)
     if not is_adapter(folder):
         raise AgentrtError(f"{folder} holds neither a model (config.json) nor a LoRA adapter "
@@ -100,6 +103,8 @@ def find_sources(target: Path, adapters: Sequence[str] = (), base: Path | None =
         AgentrtError: a folder is missing or of no known kind, an option is malformed, or two
             sources share a name.
     """
+    if base is not None and not is_model(base):  # checked even where no adapter needs it
+        raise AgentrtError(f"--base {base} is not a Hugging Face model folder (no config.json)")
     if (target / "config.yaml").is_file() and not is_model(target):
         policies = _run_policies(target)
         if not policies:

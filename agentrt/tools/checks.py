@@ -10,7 +10,6 @@ imports torch, transformers, Ray or matplotlib: an invalid config fails in well 
 
 from __future__ import annotations
 
-import json
 
 import functools
 import importlib
@@ -22,6 +21,7 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, Field, create_model
 
+from agentrt.config.context import check_contexts
 from agentrt.config.load import read_config, validate_config
 from agentrt.config.sections import Section
 from agentrt.core.errors import ConfigError
@@ -131,12 +131,12 @@ def resolve(kind: str, cfg: Any) -> None:
 
         check_reward(cfg.reward)  # functions import, model folders classify, services answer
         check_model_path("policy.model.path", cfg.policy.model.path)
-        check_context("policy", cfg.policy)
+        check_contexts(cfg)
         check_source(cfg.task)  # a data file's mapped columns
         return
     for i, policy in enumerate(cfg.policies):
         check_model_path(f"policies.{i}.model.path", policy.model.path)
-        check_context(f"policies.{i}", policy)
+    check_contexts(cfg)
     for i, tool in enumerate(getattr(cfg, "tools", ())):
         import_callable(tool.fn, f"tools.{i}.fn")
 
@@ -152,41 +152,6 @@ def check_model_path(field: str, path: str | None) -> None:
     if not any((folder / name).is_file() for name in ("config.json", "adapter_config.json")):
         raise ConfigError(f"{field}: {path!r} has no config.json (nor adapter_config.json); it "
                           "is not a Hugging Face model folder")
-
-
-_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
-
-
-def model_context(model: Any) -> int | None:
-    """The longest sequence (prompt + response) the policy's model takes: its config's
-    ``max_position_embeddings`` (or its family's name for it), None where unknown (an adapter
-    folder, a config without one)."""
-    if model.preset is not None:
-        from agentrt.policies.presets import CONTEXT
-
-        return CONTEXT
-    try:
-        found = json.loads((Path(model.path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(found, dict):
-        return None
-    for cfg in (found, found.get("text_config") or {}):
-        for key in _CONTEXT_KEYS:
-            if isinstance(cfg.get(key), int) and cfg[key] > 0:
-                return int(cfg[key])
-    return None
-
-
-def check_context(field: str, policy: Any) -> None:
-    """``rollout.sampling.max_new_tokens`` must leave room for a prompt in the model's context
-    (a longer one would end every rollout at once and train nothing)."""
-    context = model_context(policy.model)
-    wanted = policy.rollout.sampling.max_new_tokens
-    if context is not None and wanted >= context:
-        raise ConfigError(f"{field}.rollout.sampling.max_new_tokens: {wanted} leaves no room "
-                          f"for a prompt in the model's context of {context} tokens; give at "
-                          f"most {context - 1} minus the longest prompt")
 
 
 def describe_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str]]:

@@ -140,6 +140,7 @@ class RunControl:
 
     def validated(self, live: dict[str, Any]) -> Any:
         """The train config with ``live`` values over the run's own (ControlError: refused)."""
+        from agentrt.config.context import check_contexts
         from agentrt.config.load import validate_config
 
         data = json.loads(json.dumps(self.base))
@@ -150,7 +151,9 @@ class RunControl:
                 node = node[int(part)] if isinstance(node, list) else node[part]
             node[name] = value
         try:
-            return validate_config(data, type(self.work.cfg))  # the CLI's adds imports
+            cfg = validate_config(data, type(self.work.cfg))  # the CLI's adds imports
+            check_contexts(cfg)  # a max_new_tokens no prompt fits would train nothing
+            return cfg
         except ConfigError as exc:
             raise ControlError(f"refused, nothing changed: {exc}") from None
 
