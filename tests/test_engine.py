@@ -354,8 +354,12 @@ def test_a_moving_reference_is_rebased_every_n_updates(tiny_model_dir):
 def test_lora_dropout_is_off_in_rl_updates_so_the_first_ratio_is_one(tiny_model_dir,
                                                                      train_dropout):
     """Old log-probs are computed without dropout; the update must see the same function, as
-    TRL's disable_dropout does (with it on, the log-prob gap reached 0.4 at LoRA dropout 0.1)."""
-    algo = AlgorithmConfig(train_dropout=train_dropout)
+    TRL's disable_dropout does (with it on, the log-prob gap reached 0.4 at LoRA dropout 0.1).
+    Without train_dropout the ratio's old log-probs are the rollout's (``old_logprobs:
+    rollout``): recomputed from the update's own forward pass they would match it whatever
+    the dropout, and the check could not fail."""
+    algo = AlgorithmConfig(train_dropout=train_dropout,
+                           old_logprobs="recompute" if train_dropout else "rollout")
     eng = make_engine(tiny_model_dir, lora=LoraConfig(enabled=True, dropout=0.3),
                       algorithm=algo, optim={"lr": 1e-2})
     with torch.no_grad():  # a trained adapter: B = 0 would hide the dropout on its path
@@ -389,3 +393,30 @@ def test_warm_start_end_rebases_the_critic_on_the_warm_started_body(tiny_model_d
     worker.end_sft()
     body = dict(eng.critic.body.named_parameters())
     assert all(torch.equal(p, body[k]) for k, p in eng.model.model.named_parameters())
+
+
+def test_adapters_added_later_start_with_dropout_off(tiny_model_dir):
+    """peft builds a new adapter's modules in training mode: a KL reference made after the
+    start (rebased), a league snapshot and a second LoRA policy each carried LoRA dropout 0.3
+    into their forward passes, so the reference's log-probs were random and a snapshot's greedy
+    play changed between calls (issue 41). Every module stays in eval mode after each, and the
+    reference equals the policy it was taken from."""
+    lora = LoraConfig(enabled=True, dropout=0.3)
+    eng = make_engine(tiny_model_dir, lora=lora,
+                      algorithm=AlgorithmConfig(kl={"coef": 0.1, "rebase_every": 1}))
+    with torch.no_grad():  # a trained adapter: B = 0 would hide the dropout on its path
+        for name, p in eng.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    shared = eng.shared
+    shared.freeze(eng.policy_id, "snap")
+    shared.add_policy(PolicyConfig(id="second", model=ModelConfig(path=str(tiny_model_dir)),
+                                   lora=lora), seed=1)
+    eng.reference.rebase()
+    assert not [n for n, m in shared.model.named_modules() if m.training]
+    batch, _ = rollout_batch(eng)
+    policy = eng.logprobs(batch)
+    torch.testing.assert_close(eng.logprobs(batch, reference=True), policy, rtol=0, atol=1e-6)
+    snap = [eng.passes.logprobs(batch, "snap") for _ in range(2)]
+    torch.testing.assert_close(snap[0], snap[1], rtol=0, atol=0)
+    torch.testing.assert_close(snap[0], policy, rtol=0, atol=1e-6)

@@ -153,6 +153,7 @@ class SharedModel:
             raise ValueError(f"two policies named {cfg.id!r} on one base")
         torch.manual_seed(seed)
         self.model.add_adapter(cfg.id, peft_config(cfg, self.model))
+        self.model.eval()  # peft builds the new adapter's modules (dropout) in training mode
         self.adapters[cfg.id] = cfg
         self._active = None  # the new adapter's flags: set on its next activation
 
@@ -225,6 +226,7 @@ class SharedModel:
         state = self.weights(source)
         if self.is_lora:
             self.model.add_adapter(name, peft_config(self.adapters[source], self.model))
+            self.model.eval()  # peft builds its modules (dropout) in training mode
             self.frozen_adapters[name] = source
             self.load_weights(name, state)
             self.activate(source, force=True)  # add_adapter leaves the new one trainable
