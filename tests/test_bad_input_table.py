@@ -151,7 +151,20 @@ TOURNAMENT = [("envs.0.id", "Nope-v0", "unknown env 'Nope-v0'"), ("envs", [], "e
               ("envs.0.template.first", "{observation} {board}", "unknown placeholder(s) "
                                                                   "{board}"),
               ("envs.0.template.turn", "{observation", "expected '}' before end of string"),
-              ("envs.0.template.first", "{}: {legal}", "unknown placeholder(s) {}")]
+              ("envs.0.template.first", "{}: {legal}", "unknown placeholder(s) {}"),
+              # LoRA policies sharing a pool run with its first policy's pool settings
+              ("policies", [{"id": "a", "model": NANO, "lora": {"enabled": True}},
+                            {"id": "b", "model": NANO, "lora": {"enabled": True},
+                             "rollout": {"batch_size": 16}}],
+               "policies.1.rollout.batch_size differs from policies.0's"),
+              ("policies", [{"id": "a", "model": NANO, "lora": {"enabled": True}},
+                            {"id": "b", "model": NANO, "lora": {"enabled": True},
+                             "resources": {"cpus_per_worker": 2}}],
+               "policies.1.resources differs from policies.0's"),
+              ("policies", [{"id": "a", "model": NANO, "lora": {"enabled": True}},
+                            {"id": "b", "model": NANO, "lora": {"enabled": True},
+                             "rollout": {"decode": "hf"}}],
+               "policies.1.rollout.decode differs")]
 DECOMPOSE = [("family.name", "poetry", "family.name"), ("family.train_size", 0, "train_size"),
              ("planner.kind", "magic", "planner.kind"), ("planner.max_subtasks", 0,
                                                          "max_subtasks"),

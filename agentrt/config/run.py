@@ -16,7 +16,7 @@ from agentrt.config.control import ControlConfig
 from agentrt.config.drift import DriftConfig
 from agentrt.config.export import ExportConfig
 from agentrt.config.sections import (CheckpointConfig, GuardsConfig, PolicyConfig, RuntimeConfig,
-                                     Section)
+                                     Section, check_shared_pools)
 from agentrt.core.schema import MAX_SEED
 
 
@@ -69,6 +69,13 @@ class RunConfig(Section):
             if value:
                 raise ValueError(f"{path} is not supported in this kind of run: {why}; set "
                                  f"{path}: false")
+        return self
+
+    @model_validator(mode="after")
+    def _shared_pools_agree(self) -> RunConfig:
+        policies = getattr(self, "policies", None)
+        if policies:
+            check_shared_pools("policies", list(policies))
         return self
 
     @model_validator(mode="after")

@@ -227,6 +227,37 @@ class PolicyConfig(Section):
         return self
 
 
+def base_key(cfg: PolicyConfig) -> tuple:
+    """Policies with equal keys share one pool: LoRA adapters on the same base model, dtype,
+    device and rollout backend. Full-weight policies never share."""
+    if not cfg.lora.enabled:
+        return ("full", cfg.id)
+    m = cfg.model
+    return ("lora", m.path, m.preset, m.dtype, m.device, cfg.rollout.backend, cfg.lora.r)
+
+
+#: Settings of a pool, not of each of its adapters: a shared pool takes its first policy's.
+POOL_SETTINGS = ("resources", "rollout.batch_size", "rollout.decode", "rollout.vllm")
+
+
+def check_shared_pools(field: str, policies: list[PolicyConfig]) -> None:
+    """LoRA policies that share a pool (:func:`base_key`) agree on :data:`POOL_SETTINGS` (the
+    pool would run every one of them with the first's, silently)."""
+    first: dict[tuple, int] = {}
+    for i, p in enumerate(policies):
+        j = first.setdefault(base_key(p), i)
+        for path in POOL_SETTINGS if j != i else ():
+            mine, theirs = p, policies[j]
+            for part in path.split("."):
+                mine, theirs = getattr(mine, part), getattr(theirs, part)
+            if mine != theirs:
+                raise ValueError(
+                    f"{field}.{i}.{path} differs from {field}.{j}'s: LoRA policies on one base "
+                    f"share one pool, which runs with {field}.{j}'s {path}; give them the same "
+                    f"{path} (or another base, dtype or lora.r to give {field}.{i} a pool of "
+                    "its own)")
+
+
 class SFTConfig(Section):
     steps: int = Field(0, ge=0, description="Warm-start SFT steps on task demonstrations; 0 skips.")
     batch_size: int = Field(64, gt=0, description="Demonstrations per SFT step.")

@@ -34,7 +34,7 @@ from agentrt.config.drift import DriftConfig
 from agentrt.config.export import ExportConfig
 from agentrt.config.rollout import SamplingConfig
 from agentrt.config.run import AsyncRolloutConfig
-from agentrt.config.sections import GuardsConfig, PolicyConfig, RuntimeConfig
+from agentrt.config.sections import GuardsConfig, PolicyConfig, RuntimeConfig, base_key
 from agentrt.controller.async_rollout import AsyncRollout
 from agentrt.controller.drift import DriftMonitor
 from agentrt.controller.episodes import log_step
@@ -74,15 +74,6 @@ def make_pool(policies: PolicyConfig | list[PolicyConfig], runtime: RuntimeConfi
         return PolicyPool(policies, seed=seed, total_steps=total_steps, workdir=workdir,
                           runtime=runtime)
     return LocalPool(policies, seed=seed, total_steps=total_steps, workdir=workdir)
-
-
-def base_key(cfg: PolicyConfig) -> tuple:
-    """Policies with equal keys share one pool: LoRA adapters on the same base model, dtype,
-    device and rollout backend. Full-weight policies never share."""
-    if not cfg.lora.enabled:
-        return ("full", cfg.id)
-    m = cfg.model
-    return ("lora", m.path, m.preset, m.dtype, m.device, cfg.rollout.backend, cfg.lora.r)
 
 
 def group_policies(policies: list[PolicyConfig]) -> list[list[PolicyConfig]]:
