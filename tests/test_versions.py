@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentrt.controller.versions import diff, provenance, read_versions, source_sha
+from agentrt.controller.checkpoint import sha256_of
 
 AGENTRT = [sys.executable, "-m", "agentrt.cli"]
 REWARDS = textwrap.dedent('''
@@ -120,3 +121,34 @@ def test_a_decomposer_run_hashes_its_family_source() -> None:
     assert got["reward"] == {"wordchain": source_sha(WordChain)} and source_sha(WordChain)
     unknown = provenance({"family": {**family, "name": "nope"}}, Path("."))
     assert unknown["reward"] == {"nope": None}
+
+
+def test_every_data_and_reward_source_has_a_version(tmp_path: Path) -> None:
+    """Issue 41: a prompt data file is recorded with its sha256 (not its path alone), a learned
+    reward model with the sha256 of its config and weights, a reward service by its redacted
+    URL, and a Redis prompt stream by its url, stream, group and consumer; each changes when
+    what it names changes."""
+    rows = tmp_path / "prompts.jsonl"
+    rows.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    rm = tmp_path / "rm"
+    rm.mkdir()
+    (rm / "config.json").write_text("{}")
+    (rm / "model.safetensors").write_bytes(b"weights-1")
+    task = {"name": "dataset", "options": {"path": str(rows)}, "seed": 1, "train_size": 8}
+    sources = [{"model": str(rm)}, {"http": "http://127.0.0.1:9/score?api_key=***"},
+               {"python": "exact_match"}]
+    first = provenance({"task": task, "reward": sources}, tmp_path)
+    assert first["data"]["file"] == {"path": str(rows), "sha256": sha256_of(rows)}
+    assert len(first["reward"][str(rm)]) == 64 and first["reward"]["exact_match"]
+    assert first["reward"]["http://127.0.0.1:9/score?api_key=***"] == (
+        "service http://127.0.0.1:9/score?api_key=***")
+    rows.write_text('{"prompt": "1+2=", "answer": "3"}\n')
+    (rm / "model.safetensors").write_bytes(b"weights-2")
+    second = provenance({"task": task, "reward": sources}, tmp_path)
+    assert second["data"]["file"]["sha256"] != first["data"]["file"]["sha256"]
+    assert second["reward"][str(rm)] != first["reward"][str(rm)]
+    stream = {"name": "redis", "options": {"redis": {"url": "redis://:***@h:6379/0"},
+                                           "stream": "p", "group": "g", "consumer": "c"}}
+    got = provenance({"task": stream, "reward": "exact_match"}, tmp_path)
+    assert got["data"]["stream"] == {"url": "redis://:***@h:6379/0", "stream": "p",
+                                     "group": "g", "consumer": "c"}

@@ -9,8 +9,10 @@ every checkpoint (a replayed step rewrites its record, never adds a second one):
   (``policy`` or ``snapshot``), ``run`` (the run folder), ``step``;
 - provenance: ``code`` (git commit of the checkout, ``+dirty`` with local changes),
   ``config_sha256`` (the run's identity, ``run.json``), ``data`` (what the policy trained on: a
-  data file's sha256, or the generated task, env or family and its seed), ``reward`` (sha256 of
-  the reward function's source, or of the env's / family's class source, whose verifiers pay);
+  prompt or preference data file's sha256, a Redis stream's url, stream, group and consumer, or
+  the generated task, env or family and its seed), ``reward`` (sha256 of the reward function's
+  source, of a reward model folder's config and weights, a reward service's redacted URL, or
+  the sha256 of the env's / family's class source, whose verifiers pay);
 - ``metrics``: the metrics row logged at that step.
 
 ``agentrt policies ls|show|diff`` reads them (:mod:`agentrt.cli`); ``diff`` across two run
@@ -54,16 +56,18 @@ def provenance(config: dict[str, Any], base: Path) -> dict[str, Any]:
         from agentrt.rewards import REWARDS
 
         given = config.get("reward")  # a name, or sources: a function's source is hashed
-        for name in [given] if isinstance(given, str) else [s.get("python") or s.get("http")
-                                                            or s.get("model") for s in given]:
-            try:
-                reward[name] = source_sha(REWARDS.get(name))
-            except (KeyError, ConfigError):
-                reward[name] = None
+        for src in [{"python": given}] if isinstance(given, str) else given:
+            reward |= _reward_version(src, base)
+        options = t.get("options") or {}
+        if t.get("name") == "redis":  # a stream: which one (its entries are in the episodes)
+            redis = options.get("redis") or {}
+            data["stream"] = {"url": redis.get("url"), **{k: options.get(k) for k in (
+                "stream", "group", "consumer")}}
+        elif isinstance(options.get("path"), str):  # a prompt data file (task: dataset)
+            data["file"] = _file_version(options["path"], base)
     path = (config.get("data") or {}).get("path")
     if path:
-        p = Path(path) if Path(path).is_absolute() else base / path
-        data["file"] = {"path": str(path), "sha256": sha256_of(p) if p.is_file() else None}
+        data["preference_file"] = _file_version(path, base)
     for env in config.get("envs") or []:  # leagues: the env's own rewards
         from agentrt.envs.registration import ENVS
 
@@ -83,6 +87,34 @@ def provenance(config: dict[str, Any], base: Path) -> dict[str, Any]:
         known = families is not None and f["name"] in families
         reward[f["name"]] = source_sha(families.get(f["name"])) if known else None
     return {"data": data, "reward": reward}
+
+
+def _file_version(path: str, base: Path) -> dict[str, Any]:
+    p = Path(path) if Path(path).is_absolute() else base / path
+    return {"path": str(path), "sha256": sha256_of(p) if p.is_file() else None}
+
+
+def _reward_version(src: dict[str, Any], base: Path) -> dict[str, str | None]:
+    """``{name: version}`` of one reward source: a Python function's source sha256, a reward
+    model folder's sha256 (its config and weight files), or a service's (redacted) URL, which
+    is all of it this side can see."""
+    from agentrt.rewards import REWARDS
+
+    if src.get("model"):
+        folder = Path(src["model"]) if Path(src["model"]).is_absolute() else base / src["model"]
+        files = sorted(f for f in folder.glob("*") if f.is_file() and (
+            f.name == "config.json" or f.suffix in (".safetensors", ".bin")))
+        digest = hashlib.sha256()
+        for f in files:
+            digest.update(f"{f.name}:{sha256_of(f)}\n".encode())
+        return {src["model"]: digest.hexdigest() if files else None}
+    if src.get("http"):
+        return {src["http"]: f"service {src['http']}"}
+    name = src.get("python")
+    try:
+        return {name: source_sha(REWARDS.get(name))}
+    except (KeyError, ConfigError):
+        return {name: None}
 
 
 class VersionBook:
