@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -146,8 +147,10 @@ def config_help(
 
     if kind not in KINDS:
         raise ConfigError(f"{kind!r} is not a config kind; valid: {', '.join(KINDS)}")
-    rows = [r for r in describe_fields(config_model(kind))
-            if field is None or r[0] == field or r[0].startswith(f"{field}.")]
+    if field is not None:  # an entry's index names every entry: envs.0.template = envs[].template
+        field = re.sub(r"\.\d+(?=\.|$)", "[]", field)
+    rows = [r for r in describe_fields(config_model(kind)) if field is None or r[0] == field
+            or r[0].startswith(f"{field}.") or r[0].startswith(f"{field}[].")]
     if not rows:
         raise ConfigError(f"{kind} configs have no field {field!r}; `agentrt config-help "
                           f"{kind}` lists them")

@@ -315,3 +315,16 @@ def test_config_help_section_and_bad_kind(monkeypatch, capsys) -> None:
     assert "policy.algorithm.name" not in out
     code, _, err = run_cli(monkeypatch, capsys, "config-help", "league")
     assert code == 2 and "'league' is not a config kind" in err
+
+
+def test_config_help_shows_the_fields_of_list_entries(monkeypatch, capsys) -> None:
+    """Issue 41: entries of a list (envs, policies, baselines) are described field by field,
+    under ``name[].``, and asked for as ``envs.template`` or ``envs.0.template``."""
+    code, out, _ = run_cli(monkeypatch, capsys, "config-help", "tournament", "envs.0.template")
+    assert code == 0 and out.startswith("envs[].template: section\n    How an env's")
+    assert "envs[].template.history: bool = True\n    Later prompts extend" in out
+    code, out, _ = run_cli(monkeypatch, capsys, "config-help", "tournament", "policies")
+    assert code == 0 and "policies[].rollout.sampling.temperature: float" in out
+    assert "policies[].lora.r: int = " in out
+    code, out, _ = run_cli(monkeypatch, capsys, "config-help", "decompose", "tools")
+    assert code == 0 and "tools[].fn: str = required" in out

@@ -4,6 +4,7 @@ reward, and `agentrt tournament run` and `agentrt train` use them from YAML alon
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -65,6 +66,7 @@ def test_league_with_the_plugin_from_yaml_alone(nim_league) -> None:
     assert proc.returncode == 0, proc.stderr
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["imports"] == ["nim_plugin"] and saved["warm_start"]["teacher"] == "optimal-nim"
+    assert saved["import_paths"] == [str(PLUGIN.resolve())]
     assert saved["policies"][0]["algorithm"]["advantage"] == "rae"  # Nim says it is zero-sum
     first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert "sft/loss" in first  # the teacher's moves were cloned
@@ -89,13 +91,16 @@ def test_a_person_plays_the_trained_policy(nim_league, tmp_path: Path) -> None:
     league's policy, in the terminal, until the game ends."""
     run, league = nim_league
     assert league.returncode == 0, league.stderr
+    # no PYTHONPATH: the run's saved config names the folder its imports came from (issue 41)
     proc = subprocess.run([*AGENTRT, "play", str(run), "--games", "2"], input="1\n" * 40,
                           capture_output=True, text=True, cwd=tmp_path, timeout=600,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PLUGIN)})
+                          env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert out.count("Nim: 15 stones left.") == 2  # each game starts with the person to move
     assert "your move (1 2 3): " in out
+    moves = re.findall(r"lm plays: (\S+)", out)
+    assert moves and set(moves) <= {"1", "2", "3"}, out  # every policy move is shown
     results = [line for line in out.splitlines() if line.startswith("game ")]
     assert len(results) == 2 and all(" you " in line for line in results), out
     assert out.rstrip().endswith("of 2 games, drew 0")

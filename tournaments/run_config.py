@@ -115,6 +115,9 @@ TEMPLATE_FIELDS = ("observation", "agent", "env", "legal")  # what PromptTemplat
 
 
 class TemplateConfig(Section):
+    """How an env's observations become prompt text: {observation}, {agent}, {env} and {legal}
+    (its legal moves) are filled in."""
+
     first: str = Field("{observation}\nAction: ", description="Prompt text of the first turn.")
     turn: str = Field("\n{observation}\nAction: ", description="Prompt text of later turns.")
     history: bool = Field(

@@ -4,8 +4,8 @@ A run's identity is its resolved config (seed included) and the agentrt version,
 fields that may change between a run and its resume without changing what it computes
 (:data:`VOLATILE`: where it writes, how it shows progress, how many threads, how often and how
 many checkpoints it keeps, the Ray runtime, the stop guards, drift detection, the metrics
-exporters, online control (its live values are in the checkpoint), and how many steps it runs:
-a finished run may be continued further). Credentials are no part of it:
+exporters, online control (its live values are in the checkpoint), where its plugins were
+found, and how many steps it runs: a finished run may be continued further). Credentials are no part of it:
 fields named like a password, token, secret or API key are left out (they may rotate between
 resumes) and a URL's user part and password parameter (``redis://:pw@host/0?password=pw``) are
 dropped, so nothing in ``run.json``
@@ -35,7 +35,7 @@ LOCK = ".lock"
 #: Config fields (and sections) left out of a run's identity: changing them between a run and its
 #: resume leaves the computation the same.
 VOLATILE = ("run_dir", "progress", "threads", "checkpoint.every", "checkpoint.keep", "runtime",
-            "guards", "drift", "train.steps", "export", "control")
+            "guards", "drift", "train.steps", "export", "control", "import_paths")
 _CREDENTIAL = re.compile(r"(^|_)(password|passwd|token|secret|api_?key|credentials?)(_env)?$",
                          re.IGNORECASE)
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")

@@ -31,13 +31,14 @@ GROUP = "agentrt.core.plugins"
 _loaded_entry_points: set[str] = set()
 
 
-def load_plugins(modules: Sequence[str] = (), search: str | Path | None = None,
+def load_plugins(modules: Sequence[str] = (), search: str | Path | Sequence[str] | None = None,
                  field: str = "imports") -> list[str]:
     """Imports the ``agentrt.core.plugins`` entry points (once per process), then ``modules``.
 
     Args:
         modules: Module names, e.g. from a config's ``imports:`` and ``--import``.
-        search: A folder appended to ``sys.path`` first (the config file's folder).
+        search: Folders appended to ``sys.path`` first (the config file's, and those a run's
+            saved config recorded: ``import_paths``).
         field: Named in errors.
 
     Returns:
@@ -47,8 +48,10 @@ def load_plugins(modules: Sequence[str] = (), search: str | Path | None = None,
         ConfigError: a module cannot be imported (the message names it and why).
     """
     done = _load_entry_points()
-    if search is not None and modules and str(search) not in sys.path:
-        sys.path.append(str(search))
+    folders = [search] if isinstance(search, (str, Path)) else list(search or ())
+    for folder in folders if modules else ():
+        if str(folder) not in sys.path:
+            sys.path.append(str(folder))
     for name in modules:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{field}: {name!r} is not a module name; write e.g. "
@@ -77,6 +80,14 @@ def _load_entry_points() -> list[str]:
         _loaded_entry_points.add(point.value)
         done.append(point.value)
     return done
+
+
+def import_paths(data: dict[str, Any]) -> list[str]:
+    """The ``import_paths:`` list of a raw config (folders its ``imports:`` were found in)."""
+    value = data.get("import_paths") or []
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"import_paths: must be a list of folders (got {value!r})")
+    return value
 
 
 def config_imports(data: dict[str, Any]) -> list[str]:

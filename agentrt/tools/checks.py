@@ -25,7 +25,7 @@ from agentrt.config.context import check_contexts
 from agentrt.config.load import read_config, validate_config
 from agentrt.config.sections import Section
 from agentrt.core.errors import ConfigError
-from agentrt.core.plugins import config_imports, load_plugins
+from agentrt.core.plugins import config_imports, import_paths, load_plugins
 from agentrt.core.registry import import_callable
 
 # kind -> (config model as "module:class", sections only that kind has, workload as "module:class")
@@ -59,7 +59,10 @@ def config_model(kind: str) -> type[Section]:
     base = getattr(importlib.import_module(module), name)
     return create_model(name, __base__=base, __module__=base.__module__, imports=(
         tuple[str, ...], Field((), description="Modules imported before the config is checked "
-                                               "(user envs, rewards, tasks, scripted players).")))
+                                               "(user envs, rewards, tasks, scripted players).")),
+        import_paths=(tuple[str, ...], Field((), description="Folders the imports are found "
+                                             "in besides the installed packages (the config "
+                                             "file's folder is added and saved with the run).")))
 
 
 def detect_kind(data: dict[str, Any], path: str | Path = "config",
@@ -105,9 +108,13 @@ def load_checked(path: str | Path, overrides: Sequence[str] | None = None,
         ConfigError: one line naming the field and the fix.
     """
     data = read_config(path, list(overrides or []))
-    load_plugins([*imports, *config_imports(data)], search=Path(path).resolve().parent)
-    if imports:
-        data = {**data, "imports": [*imports, *config_imports(data)]}
+    modules = [*imports, *config_imports(data)]
+    # the config's folder, and those a run's saved config recorded (play, eval, resume from
+    # the run folder find the plugins where the run found them)
+    paths = list(dict.fromkeys([*import_paths(data), str(Path(path).resolve().parent)]))
+    load_plugins(modules, search=paths)
+    if modules:
+        data = {**data, "imports": modules, "import_paths": paths}
     kind = kind or detect_kind(data, path, default=expect)
     if expect is not None and kind != expect:
         command = {"train": "agentrt train", "tournament": "agentrt tournament run",
@@ -162,10 +169,12 @@ def describe_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str,
         path = f"{prefix}{name}"
         section = _section(field.annotation)
         doc = field.description or ""
-        if section is not None:
-            doc = doc or (section.__doc__ or "").strip().split("\n")[0]
-            rows.append((path, "section", "", doc))
-            rows.extend(describe_fields(section, f"{path}."))
+        entry = _entries(field.annotation)
+        if section is not None or entry is not None:  # a section, or a list of them
+            inner = section or entry
+            doc = doc or (inner.__doc__ or "").strip().split("\n")[0]
+            rows.append((path, "section" if section else "list", "", doc))
+            rows.extend(describe_fields(inner, f"{path}." if section else f"{path}[]."))
             continue
         default = "required" if field.is_required() else repr(
             field.get_default(call_default_factory=True))
@@ -180,6 +189,14 @@ def _section(annotation: Any) -> type[BaseModel] | None:
     if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
         return args[0]
     return None
+
+
+def _entries(annotation: Any) -> type[BaseModel] | None:
+    """The model of each entry of a field that is a list (or tuple) of sections, else None."""
+    if typing.get_origin(annotation) not in (list, tuple):
+        return None
+    args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
+    return args[0] if len(args) == 1 and _section(args[0]) is not None else None
 
 
 def _type_name(annotation: Any) -> str:

@@ -48,6 +48,27 @@ class HumanPlayer:
         print(text, end=end, file=self.stdout, flush=True)
 
 
+class ShownPolicy:
+    """A policy whose every move is printed for the person playing it (``policy plays: 3``):
+    the next observation shows the board, not which move made it."""
+
+    trainable = False
+
+    def __init__(self, policy: Any, name: str, stdout: IO[str]) -> None:
+        self.policy, self.name, self.stdout = policy, name, stdout
+
+    @property
+    def version(self) -> int:
+        return int(getattr(self.policy, "version", 0))
+
+    def act(self, requests: list[ActRequest]) -> list[Action]:
+        actions = self.policy.act(requests)
+        for action in actions:
+            if not getattr(action, "truncate", False):
+                print(f"{self.name} plays: {action.text}", file=self.stdout, flush=True)
+        return actions
+
+
 def play(run_dir: Path, policy: str | None = None, env: str | None = None, seat: int = 0,
          games: int = 1, sample: bool = False, imports: Sequence[str] = (),
          stdin: IO[str] = sys.stdin, stdout: IO[str] = sys.stdout) -> list[str]:
@@ -73,7 +94,8 @@ def play(run_dir: Path, policy: str | None = None, env: str | None = None, seat:
     template = env_entry.template.prompt()
     sampling = None if sample else pcfg.rollout.sampling.model_copy(update={"temperature": 0.0})
     lm = LMPolicy(engine, template, trainable=False, sampling=sampling)
-    runner = EpisodeRunner({pcfg.id: lm, HUMAN: HumanPlayer(stdin, stdout)},
+    runner = EpisodeRunner({pcfg.id: ShownPolicy(lm, pcfg.id, stdout),
+                            HUMAN: HumanPlayer(stdin, stdout)},
                            cfg.runner.model_copy(update={"random_seats": False}))
     players = tuple(HUMAN if i == seat else pcfg.id for i in range(len(agents)))
     results = []
