@@ -98,7 +98,13 @@ def test_acknowledged_only_once_no_kept_checkpoint_needs_it(redis_server) -> Non
     assert [e["prompt_id"] for e in sink(client)] == ids[:25]  # step 3's, once
     assert client.xpending("prompts", "agentrt")["pending"] == 0
 
-    fourth = open_source(task, seed=0)  # a resume from checkpoint 1 again: nothing twice
+    # a resume from checkpoint 1 again (the newer ones lost): steps 2-4's prompts are gone
+    # (acknowledged), so it refuses in one line where it would wait for prompts forever
+    lost = open_source(task, seed=0)
+    with pytest.raises(PromptDataError, match="the prompts of steps 2-4 were acknowledged"):
+        lost.load_state_dict(state1)
+    fourth = open_source(task, seed=0)  # the same checkpoint in another run folder: its own
+    fourth.owner = "another run folder"
     fourth.load_state_dict(state1)
     assert len(sink(client)) == 25 and client.xpending("prompts", "agentrt")["pending"] == 0
     assert [ex.prompt for ex in fourth.next(2)] == ["27+1=", "28+1="]

@@ -145,6 +145,7 @@ class PromptWorkload(Workload):
         self.pool = ctl.pool_of(self.pid)
         self.tokenizer = ctl.tokenizer(self.pid)
         self.chat = policy_chat(self.cfg.policy, self.tokenizer)
+        self.source.owner = str(ctl.run_dir.path.resolve())  # whose acknowledgements (a stream)
         self.source.start(self.tokenizer, self.chat)
         self.eval_set = self.source.eval_examples()
         self.rewards = build_executor(  # keys of a shared reward service: this run and policy

@@ -12,7 +12,10 @@ entries it trained on that are not acknowledged yet. A resumed run skips those t
 pending (that checkpoint trained on them; they are acknowledged later) and reads the other
 pending entries again, in the order they were first read: the steps after the checkpoint, which
 the resume replays. A group listed by the checkpoint but no longer pending had its transaction
-run, episodes included. At the end of a run everything is acknowledged.
+run, episodes included. At the end of a run everything is acknowledged. Each transaction also
+records (beside the stream) the last step it acknowledged for this run folder, so a resume from
+a checkpoint before it (the final checkpoint damaged after the run ended) refuses in one line
+naming the steps whose prompts are gone, where it would wait for prompts that never come.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class RedisSource(SourceBase):
         self.drawn: list[tuple[str, Example]] = []  # this step's (entry id, example)
         self.pending_from: str | None = "0"  # read our pending entries after this id first
         self.step = 0  # the last step whose episodes finished
+        self.owner = ""  # the run folder (PromptWorkload.start): whose acknowledgements
         self.read = 0
 
     def _call(self, fn: Any, *args: Any) -> Any:
@@ -162,12 +166,14 @@ class RedisSource(SourceBase):
         self.held.append({"step": step, "ids": self.fresh, "episodes": self.outbox})
         self.fresh, self.outbox = [], []
         due = [group for group in self.held if group["step"] <= oldest]
-        self._commit([i for g in due for i in g["ids"]], [e for g in due for e in g["episodes"]])
+        self._commit([i for g in due for i in g["ids"]], [e for g in due for e in g["episodes"]],
+                     max((g["step"] for g in due), default=-1))
         self.held = self.held[len(due):]
         self.skip -= {i for g in due for i in g["ids"]}
 
-    def _commit(self, ids: list[str], episodes: list[dict[str, Any]]) -> None:
-        """Episodes added and entries acknowledged, both or neither (MULTI/EXEC)."""
+    def _commit(self, ids: list[str], episodes: list[dict[str, Any]], through: int) -> None:
+        """Episodes added, entries acknowledged and the step they run through recorded, all or
+        nothing (MULTI/EXEC)."""
         if not ids:
             return
         o = self.opts
@@ -175,13 +181,19 @@ class RedisSource(SourceBase):
         for ep in episodes:
             pipe.xadd(o.episodes_stream, {"json": json.dumps(ep)})
         pipe.xack(o.stream, o.group, *ids)
+        pipe.set(self._marker, json.dumps({"run": self.owner, "step": through}))
         self._call(pipe.execute)
+
+    @property
+    def _marker(self) -> str:
+        o = self.opts
+        return f"{o.stream}:agentrt-acked:{o.group}:{o.consumer}"
 
     def state_dict(self) -> dict[str, Any]:
         """Taken as the checkpoint of the last finished step is written: every group it
         trained on that is not acknowledged, this step's (read since the last one) included."""
         mine = {"step": self.step, "ids": list(self.fresh), "episodes": list(self.outbox)}
-        return {"held": [*self.held, mine], "read": self.read,
+        return {"held": [*self.held, mine], "read": self.read, "step": self.step,
                 "skipped": dict(self.skipped.reasons)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -192,6 +204,15 @@ class RedisSource(SourceBase):
         if held is None:  # a checkpoint of agentrt before held groups: one transaction
             held = [{"step": -1, "ids": state["unacked"], "episodes": state["outbox"]}]
         o = self.opts
+        step = int(state.get("step", max((g["step"] for g in held), default=0)))
+        marker = self._call(self.client.get, self._marker)
+        acked = json.loads(marker) if marker else {}
+        if acked.get("run") == self.owner and int(acked.get("step", -1)) > step:
+            raise PromptDataError(
+                f"{self.where}: the prompts of steps {step + 1}-{acked['step']} were "
+                f"acknowledged after a later checkpoint, which is gone; resuming from step "
+                f"{step} would not train them again. Restore that checkpoint, or start over "
+                "(--new-run) with another task.options.consumer")
         self.held = [group for group in held if group["ids"] and self._call(
             self.client.xpending_range, o.stream, o.group, group["ids"][0], group["ids"][0], 1)]
         self.skip = {i for group in self.held for i in group["ids"]}

@@ -108,6 +108,7 @@ class SourceBase:
     nothing to send on, acknowledge or close."""
 
     chat: Chat | None = None
+    owner = ""  # the run folder reading it (a stream records its acknowledgements under it)
 
     def start(self, tokenizer: Any, chat: Chat | None = None) -> None:
         self.chat = chat
