@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -142,19 +141,9 @@ def config_help(
         None, help="Only this field or section and what is under it (e.g. policy.algorithm)."),
 ) -> None:
     """Every field of a config kind: its path, type, default and what it does."""
-    from agentrt.tools.checks import KINDS, config_model, describe_fields
-    from agentrt.core.errors import ConfigError
+    from agentrt.tools.checks import help_rows
 
-    if kind not in KINDS:
-        raise ConfigError(f"{kind!r} is not a config kind; valid: {', '.join(KINDS)}")
-    if field is not None:  # an entry's index names every entry: envs.0.template = envs[].template
-        field = re.sub(r"\.\d+(?=\.|$)", "[]", field)
-    rows = [r for r in describe_fields(config_model(kind)) if field is None or r[0] == field
-            or r[0].startswith(f"{field}.") or r[0].startswith(f"{field}[].")]
-    if not rows:
-        raise ConfigError(f"{kind} configs have no field {field!r}; `agentrt config-help "
-                          f"{kind}` lists them")
-    for path, type_, default, doc in rows:
+    for path, type_, default, doc in help_rows(kind, field):
         head = f"{path}: {type_}" + (f" = {default}" if default else "")
         typer.echo(f"{head}\n    {doc}" if doc else head)
 

@@ -137,7 +137,8 @@ def damage_newest(run: Path) -> bool:
     return True
 
 
-def probe(name: str, kills: int, seed: int, root: Path, redis_url: str) -> dict[str, Any]:
+def probe(name: str, kills: int, seed: int, root: Path, redis_url: str,
+          latest: float = 0.9) -> dict[str, Any]:
     command, make, streamed, damaging = COMMANDS[name]
     url = redis_url if streamed else None
     result: dict[str, Any] = {}
@@ -164,7 +165,7 @@ def probe(name: str, kills: int, seed: int, root: Path, redis_url: str) -> dict[
             while killed < kills:
                 proc = launch(command, cfg, log)
                 try:
-                    code, err = finish(proc, rng.uniform(0.05, 0.9) * result["span_s"])
+                    code, err = finish(proc, rng.uniform(0.05, latest) * result["span_s"])
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.communicate()
@@ -175,8 +176,12 @@ def probe(name: str, kills: int, seed: int, root: Path, redis_url: str) -> dict[
                 if code == 2:  # a refusal: one line, then resumed again
                     refused += 1
                     lines = [x for x in err.splitlines() if x.startswith("error:")]
+                    said = lines[-1] if lines else err[-300:]
+                    print(f"    {name}: refused after kill {killed}: {said}", flush=True)
                     if len(lines) != 1 or "Traceback" in err:
                         bad_refusals.append(err[-500:])
+                    if refused > 3:  # it refuses for good: the last run below says why
+                        break
                     continue
                 if code != 0:
                     raise RuntimeError(f"{name}: exit {code}\n{err[-3000:]}")
@@ -208,6 +213,9 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0, help="seeds the kill moments")
     parser.add_argument("--only", nargs="*", default=list(COMMANDS), choices=list(COMMANDS))
+    parser.add_argument("--latest", type=float, default=0.9, help="kills fall within this "
+                        "share of the straight run's duration (lower: more kills before the "
+                        "run ends)")
     args = parser.parse_args()
     server = RedisServer().start()
     ok = True
@@ -216,7 +224,7 @@ def main() -> int:
             print(f"{'command':15}{'kills':>6}{'damaged':>8}{'refused':>8}{'straight s':>11}"
                   f"{'killed s':>9}  same records")
             for name in args.only:
-                r = probe(name, args.kills, args.seed, Path(tmp), server.url)
+                r = probe(name, args.kills, args.seed, Path(tmp), server.url, args.latest)
                 ok &= r["same"] is not False and not r["bad_refusals"]
                 same = "refused: " + r["final_refusal"] if r["same"] is None else r["same"]
                 print(f"{name:15}{r['kills']:>6}{r['damaged']:>8}{r['refused']:>8}"

@@ -328,3 +328,15 @@ def test_config_help_shows_the_fields_of_list_entries(monkeypatch, capsys) -> No
     assert "policies[].lora.r: int = " in out
     code, out, _ = run_cli(monkeypatch, capsys, "config-help", "decompose", "tools")
     assert code == 0 and "tools[].fn: str = required" in out
+
+
+def test_an_unknown_env_is_one_clause(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Issue 41: the error of an unknown env id (or of any entry of a list) ends with what is
+    wrong with the entry, not with pydantic's "Tuple should have at least 1 item" about the
+    list its failure left short."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"envs": [{"id": "Nope-v0"}],
+                                   "policies": [{"id": "lm", "model": {"preset": "llama-nano"}}]}))
+    code, _, err = run_cli(monkeypatch, capsys, "check-config", str(cfg))
+    assert code == 2 and "unknown env 'Nope-v0'" in err, err
+    assert "should have at least" not in err and err.rstrip().endswith("(imports:)"), err

@@ -57,6 +57,21 @@ def _check_choice(flag: str, value: str, valid: tuple[str, ...]) -> None:
         raise AgentrtError(f"{flag} takes {' or '.join(valid)}, not {value!r}")
 
 
+def _check_options(backend: str, device: str | None, max_batch: int, max_tokens: int,
+                   max_request_mb: float, threads: int | None, port: int) -> None:
+    """serve's numbers and choices, each refused in one line naming its option."""
+    _check_choice("--backend", backend, ("hf", "vllm"))
+    _check_choice("--device", device or "auto", ("auto", "cpu", "cuda"))
+    if max_batch < 1 or max_tokens < 1:
+        raise AgentrtError("--max-batch and --max-tokens must be at least 1")
+    if not 0.001 <= max_request_mb <= 4096:
+        raise AgentrtError(f"--max-request-mb takes 0.001 to 4096, not {max_request_mb:g}")
+    if threads is not None and not 1 <= threads <= 1024:
+        raise AgentrtError(f"--threads takes 1 to 1024, not {threads}")
+    if not 0 <= port <= 65535:
+        raise AgentrtError(f"--port {port} is not a TCP port (0-65535; 0: any free port)")
+
+
 def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
           name: str | None = None, host: str = "127.0.0.1", port: int = 8000,
           token: str | None = None, backend: str = "hf", max_batch: int = 32,
@@ -74,16 +89,7 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
     """
     from agentrt.serving.sources import find_sources, run_device
 
-    _check_choice("--backend", backend, ("hf", "vllm"))
-    _check_choice("--device", device or "auto", ("auto", "cpu", "cuda"))
-    if max_batch < 1 or max_tokens < 1:
-        raise AgentrtError("--max-batch and --max-tokens must be at least 1")
-    if not 0.001 <= max_request_mb <= 4096:
-        raise AgentrtError(f"--max-request-mb takes 0.001 to 4096, not {max_request_mb:g}")
-    if threads is not None and not 1 <= threads <= 1024:
-        raise AgentrtError(f"--threads takes 1 to 1024, not {threads}")
-    if not 0 <= port <= 65535:
-        raise AgentrtError(f"--port {port} is not a TCP port (0-65535; 0: any free port)")
+    _check_options(backend, device, max_batch, max_tokens, max_request_mb, threads, port)
     canary = canary_defaults(**(canary or {}))
     if canary_log.is_dir():
         raise AgentrtError(f"--canary-log {canary_log} is a folder; give a file path")

@@ -191,6 +191,22 @@ def _section(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def help_rows(kind: str, field: str | None) -> list[tuple[str, str, str, str]]:
+    """``agentrt config-help``'s rows: :func:`describe_fields` of ``kind``, those of ``field``
+    and under it only when given (an entry's index names every entry: ``envs.0.template`` is
+    ``envs[].template``)."""
+    if kind not in KINDS:
+        raise ConfigError(f"{kind!r} is not a config kind; valid: {', '.join(KINDS)}")
+    if field is not None:
+        field = re.sub(r"\.\d+(?=\.|$)", "[]", field)
+    rows = [r for r in describe_fields(config_model(kind)) if field is None or r[0] == field
+            or r[0].startswith(f"{field}.") or r[0].startswith(f"{field}[].")]
+    if not rows:
+        raise ConfigError(f"{kind} configs have no field {field!r}; `agentrt config-help "
+                          f"{kind}` lists them")
+    return rows
+
+
 def _entries(annotation: Any) -> type[BaseModel] | None:
     """The model of each entry of a field that is a list (or tuple) of sections, else None."""
     if typing.get_origin(annotation) not in (list, tuple):
