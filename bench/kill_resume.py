@@ -45,7 +45,7 @@ PROMPTS = 4 * 6 * 8  # the stream: prompts per step x steps x 8
 GROUP = 2  # samples per prompt: each prompt's episodes reach the episodes stream GROUP times
 
 
-def train_cfg(run: Path, redis_url: str | None) -> dict[str, Any]:
+def train_cfg(run: Path, redis_url: str | None, steps: int = 6) -> dict[str, Any]:
     task: dict[str, Any] = {"name": "arithmetic", "train_size": 64, "eval_size": 4}
     if redis_url is not None:
         key = f"{run.parent.parent.name}-{run.parent.name}"  # command-arm
@@ -55,7 +55,7 @@ def train_cfg(run: Path, redis_url: str | None) -> dict[str, Any]:
             "columns": {"prompt": "prompt", "answer": "answer"}}}
     return {**BASE, "run_dir": str(run), "task": task, "reward": "exact_match",
             "policy": {"model": NANO, "rollout": {"sampling": {"max_new_tokens": 3}}},
-            "train": {"steps": 6, "prompts_per_step": 4, "group_size": GROUP},
+            "train": {"steps": steps, "prompts_per_step": 4, "group_size": GROUP},
             "eval": {"every": 3}}
 
 
@@ -86,7 +86,9 @@ COMMANDS: dict[str, tuple[list[str], Callable[..., dict], bool, bool]] = {
     "stream": (["train"], train_cfg, True, False),
     "tournament": (["tournament", "run"], league_cfg, False, False),
     "decompose": (["decompose", "run"], decompose_cfg, False, False),
-    "damaged": (["train"], train_cfg, False, True),
+    # 24 steps: kills land between checkpoints often enough for 20 of them, half followed by
+    # a damaged newest checkpoint
+    "damaged": (["train"], lambda run, url: train_cfg(run, url, steps=24), False, True),
     "stream-damaged": (["train"], train_cfg, True, True),
 }
 
