@@ -31,7 +31,7 @@ from agentrt.policies.lm import LMPolicy, PromptTemplate
 from agentrt.controller.episodes import EPISODES
 from agentrt.controller.launch import Run
 from agentrt.controller.loop import Controller, greedy
-from agentrt.controller.run_dir import read_jsonl, truncate_jsonl
+from agentrt.controller.run_dir import count_jsonl, truncate_jsonl
 from agentrt.controller.workload import Workload
 from agentrt.core.registry import import_callable
 from agentrt.runner.core import ROUTED, EpisodeRunner, EpisodeSpec, RunnerConfig, RunResult
@@ -224,8 +224,7 @@ class DecomposeWorkload(Workload):
                 "last_step": self.last_step}
 
     def stored_rows(self, step: int) -> dict[str, int]:
-        return {path.name: sum(1 for r in read_jsonl(path) if isinstance(r.get("step"), int)
-                               and r["step"] <= step)
+        return {path.name: count_jsonl(path, step)
                 for path in (self.chains_path, self.run_dir.path / "eval_chains.jsonl")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from contextlib import closing
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 

@@ -197,14 +197,18 @@ class EpisodeLog:
                     f"({', '.join('?' * len(_COLUMNS))})",
                     [e.values(memo) for e in episodes])
         except sqlite3.DatabaseError as exc:
-            raise AgentrtError(f"{self.path} is damaged ({exc}); restore it, or move it away "
-                               "and resume with --resume force to start a new log") from None
+            raise self._damaged(exc) from None
         finally:
             if conn is not None:
                 conn.close()
 
-    def count_through(self, step: int) -> int:
-        """Rows of steps <= ``step`` (0 without a log), read-only.
+    def _damaged(self, exc: sqlite3.DatabaseError) -> AgentrtError:
+        return AgentrtError(f"{self.path} is damaged ({exc}); restore it, or move it away and "
+                            "resume with --resume force to start a new log")
+
+    def count_through(self, step: int, verify: bool = False) -> int:
+        """Rows of steps <= ``step`` (0 without a log), read-only; ``verify`` runs SQLite's
+        quick check first (a resume; a checkpoint counts the log it has just written).
 
         Raises:
             AgentrtError: the file is not a readable episode log (damaged).
@@ -215,14 +219,13 @@ class EpisodeLog:
         hot = self.path.with_name(self.path.name + "-journal").is_file()
         conn = sqlite3.connect(self.path, timeout=30) if hot else self._connect(write=False)
         try:
-            check = conn.execute("PRAGMA quick_check").fetchone()
+            check = conn.execute("PRAGMA quick_check").fetchone() if verify else ("ok",)
             if not check or check[0] != "ok":
                 raise sqlite3.DatabaseError(f"integrity check: {check[0] if check else '-'}")
             return int(conn.execute("SELECT COUNT(*) FROM episodes WHERE step <= ?",
                                     (step,)).fetchone()[0])
         except sqlite3.DatabaseError as exc:
-            raise AgentrtError(f"{self.path} is damaged ({exc}); restore it, or move it away "
-                               "and resume with --resume force to start a new log") from None
+            raise self._damaged(exc) from None
         finally:
             conn.close()
 

@@ -272,6 +272,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def count_jsonl(path: Path, through_step: int) -> int:
+    """Rows of ``path`` whose ``"step"`` is at most ``through_step`` (0 for a missing file)."""
+    return sum(1 for r in read_jsonl(path)
+               if isinstance(r, dict) and isinstance(r.get("step"), int)
+               and r["step"] <= through_step)
+
+
 def truncate_jsonl(path: Path, after_step: int) -> None:
     """Keeps the rows of ``path`` whose ``"step"`` is at most ``after_step`` (a missing file
     stays missing)."""

@@ -15,7 +15,7 @@ from agentrt.controller.identity import RunFolderError
 from agentrt.controller.checkpoint import load_checkpoint
 from agentrt.controller.episodes import EPISODES, EpisodeLog
 from agentrt.controller.versions import VERSIONS, read_versions
-from agentrt.controller.run_dir import read_jsonl, rng_state, set_rng_state, truncate_jsonl
+from agentrt.controller.run_dir import count_jsonl, rng_state, set_rng_state, truncate_jsonl
 from agentrt.controller.workload import Workload
 
 if TYPE_CHECKING:
@@ -24,17 +24,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def stored_rows(ctl: Controller, work: Workload, step: int) -> dict[str, int]:
+def stored_rows(ctl: Controller, work: Workload, step: int, verify: bool = False
+                ) -> dict[str, int]:
     """Rows of steps <= ``step`` in each store of the run folder: the metrics, the episode log
-    and the workload's own (a league's matches), read without changing anything."""
-    rows = sum(1 for r in read_jsonl(ctl.run_dir.metrics_path)
-               if isinstance(r.get("step"), int) and r["step"] <= step)
+    and the workload's own (a league's matches), read without changing anything (``verify``:
+    the episode log's integrity checked too, on resume)."""
+    rows = count_jsonl(ctl.run_dir.metrics_path, step)
     # versions: the policy records (a version's record is rewritten, with a later step, at a
     # later checkpoint that finds the policy still at that version; records only get added)
     versions = sum(1 for r in read_versions(ctl.run_dir.path).values() if isinstance(r, dict)
                    and r.get("kind") == "policy")
-    return {"metrics.jsonl": rows, EPISODES: EpisodeLog(ctl.run_dir.path).count_through(step),
-            VERSIONS: versions, **work.stored_rows(step)}
+    episodes = EpisodeLog(ctl.run_dir.path).count_through(step, verify)
+    return {"metrics.jsonl": rows, EPISODES: episodes, VERSIONS: versions,
+            **work.stored_rows(step)}
 
 
 #: Stores whose rows through a step may grow after its checkpoint (versions.json gets the
@@ -49,7 +51,7 @@ def check_stores(ctl: Controller, work: Workload, ckpt: Any, state: dict[str, An
     recorded = state.get("stores")
     if not recorded:  # a checkpoint of an agentrt before the counts
         return
-    found = stored_rows(ctl, work, int(state["step"]))  # a damaged file: its one-line error
+    found = stored_rows(ctl, work, int(state["step"]), verify=True)  # damaged: one line
     lost = [f"{name} holds {found[name]} of the {want} rows {ckpt.name} recorded"
             for name, want in recorded.items() if name in found and (
                 found[name] < want if name in GROWING else found[name] != want)]
