@@ -163,7 +163,10 @@ def trl_args(out: str, tokens: int, steps: int, vllm: bool, precision: str = "fp
         weight_decay=0.0, beta=0.0, num_iterations=1, epsilon=0.2, loss_type="dapo",
         scale_rewards="group", max_steps=steps, logging_steps=1, report_to=[],
         save_strategy="no", seed=SEED, use_cpu=True, bf16=precision == "bf16", fp16=False,
-        dataloader_num_workers=0, disable_tqdm=True, torch_compile=compile, **extra)
+        dataloader_num_workers=0, disable_tqdm=True, torch_compile=compile,
+        # TRL turns gradient checkpointing on by default; it saves memory at the cost of a
+        # second forward pass, and these models fit without it: its fastest fair setting is off
+        gradient_checkpointing=False, **extra)
 
 
 def exact_match_reward(completions: list[str], answer: list[str], **_: object) -> list[float]:
