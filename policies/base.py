@@ -77,6 +77,12 @@ class ActRequest:
         return self._state
 
     @property
+    def game(self) -> Any:
+        """The env itself, for scripted players that search the game tree (``kind: perfect``):
+        they copy it and never step it."""
+        return self._env
+
+    @property
     def max_new_tokens(self) -> int | None:
         """The env's token budget of this action, if it has one."""
         budget = getattr(self._env, "max_new_tokens", None)

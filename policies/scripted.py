@@ -8,6 +8,10 @@
   equilibrium family;
 - :class:`BargainHeuristic`: asks for what it values, accepts a good enough offer;
 - :class:`CalculatorAgent`: solves ``ToolUse-v0`` by calling the calculator, then answering;
+- :class:`PerfectPlayer`: perfect play in any small game whose env gives ``state_key()``;
+  :class:`OnePlyPlayer`: win now, else do not let the opponent win at once (any copyable game);
+  :class:`HexapawnHeuristic`, :class:`ConnectHeuristic`: rules of thumb for Hexapawn and
+  Connect-Three (the "simple heuristic player" baselines);
 - :class:`BestResponsePolicy`: a table of best-response moves the league computes and refreshes
   (``kind: best_response``).
 
@@ -17,6 +21,7 @@ them by their key in :data:`SCRIPTED` (``kind: minimax``) or as ``package.module
 
 from __future__ import annotations
 
+import copy
 import functools
 import random
 import re
@@ -25,6 +30,8 @@ from typing import Any, Callable
 import numpy as np
 
 from agentrt.envs.board import connects_four, ttt_winner
+from agentrt.envs.games import Hexapawn, line_through
+from agentrt.envs.solve import GameSolver
 from agentrt.core.errors import ConfigError
 from agentrt.policies.base import Action, ActRequest
 from agentrt.core.registry import Registry, import_callable
@@ -300,6 +307,127 @@ class CalculatorAgent(ScriptedPolicy):
         return f"calc: {state['expression']}"
 
 
+# ----------------------------------------------------------------------------- any small game
+class PerfectPlayer(ScriptedPolicy):
+    """Perfect play in any small two-player game whose env gives ``state_key()`` (tic-tac-toe,
+    Hexapawn, Connect-Three, Nim, a user's game): the whole tree below each position searched once
+    (:class:`agentrt.envs.solve.GameSolver`), then a move of the best value, the fastest win or
+    the slowest loss among equal ones, drawn uniformly among ties."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.solvers: dict[str, GameSolver] = {}
+
+    def _best(self, request: ActRequest) -> list[str]:
+        env = request.game
+        if not callable(getattr(env, "state_key", None)):
+            raise ConfigError(f"kind: perfect needs an env that gives state_key() to search "
+                              f"its tree; {request.env_name} does not")
+        return self.solvers.setdefault(request.env_name, GameSolver()).best_moves(env)
+
+    def choose(self, request: ActRequest) -> str:
+        moves = self._best(request)
+        return moves[self.rng.randrange(len(moves))] if moves else "0"
+
+    def action_probs(self, request: ActRequest) -> dict[str, float] | None:
+        moves = self._best(request)
+        return {m: 1.0 / len(moves) for m in moves} if moves else None
+
+
+class OnePlyPlayer(ScriptedPolicy):
+    """The simplest heuristic for any game whose env can be copied: a move that wins at once;
+    else one after which the opponent cannot win at once (which blocks a threat); else any
+    (ties drawn uniformly). Tic-tac-toe's "win if you can, block if you must" without the
+    centre rule; in Nim it takes the last stones when it can."""
+
+    def choose(self, request: ActRequest) -> str:
+        env, agent = request.game, request.agent
+        moves = list(request.legal_actions or [])
+        if not moves:
+            return "0"
+        def child(state: Any, move: str) -> Any:
+            out = copy.deepcopy(state)
+            out.step(move)
+            return out
+        def wins(move: str) -> bool:
+            c = child(env, move)
+            return c.done and c.rewards.get(agent, 0.0) > 0
+        def safe(move: str) -> bool:
+            c = child(env, move)
+            if c.done or c.agent_selection == agent:
+                return True
+            other = c.agent_selection
+            return not any((g := child(c, m)).done and g.rewards.get(other, 0.0) > 0
+                           for m in c.legal_actions(other) or [])
+        for rule in (wins, safe):
+            if chosen := [m for m in moves if rule(m)]:
+                moves = chosen
+                break
+        return moves[self.rng.randrange(len(moves))]
+
+
+class HexapawnHeuristic(ScriptedPolicy):
+    """Hexapawn by three rules: a move that wins now (far row reached, last pawn taken, the
+    opponent left without a move); else a capture; else a move after which no enemy pawn can
+    capture the moved pawn; else any move (ties drawn uniformly)."""
+
+    def choose(self, request: ActRequest) -> str:
+        board, mark = list(request.state["board"]), request.state["mark"]
+        moves = Hexapawn.moves(board, mark)
+        if not moves:
+            return "00"
+        def after(move: tuple[int, int]) -> list[int]:
+            out = list(board)
+            out[move[0]], out[move[1]] = 0, mark
+            return out
+        def wins(move: tuple[int, int]) -> bool:
+            b = after(move)
+            far = move[1] < 3 if mark == 1 else move[1] >= 6
+            return far or 3 - mark not in b or not Hexapawn.moves(b, 3 - mark)
+        def safe(move: tuple[int, int]) -> bool:
+            return all(dst != move[1] for _, dst in Hexapawn.moves(after(move), 3 - mark))
+        for rule in (wins, lambda m: board[m[1]] == 3 - mark, safe):
+            if chosen := [m for m in moves if rule(m)]:
+                moves = chosen
+                break
+        src, dst = moves[self.rng.randrange(len(moves))]
+        return f"{src}{dst}"
+
+
+class ConnectHeuristic(ScriptedPolicy):
+    """Connect-Three (any gravity grid with ``board``/``cols``/``rows`` in its state) by
+    connect-four's rules of thumb: win now; else block the opponent's win; else a column that
+    does not hand the opponent a win on top; preferring central columns."""
+
+    def choose(self, request: ActRequest) -> str:
+        state = request.state
+        board, mark, cols = list(state["board"]), state["mark"], state["cols"]
+        need, rows = getattr(request.game, "need", 3), state["rows"]
+        open_cols = [c for c in range(cols) if board[c] == 0]
+        def land(b: list[int], col: int) -> int | None:
+            return next((r * cols + col for r in range(rows - 1, -1, -1)
+                         if b[r * cols + col] == 0), None)
+        def makes_line(b: list[int], col: int, who: int) -> bool:
+            cell = land(b, col)
+            if cell is None:
+                return False
+            b2 = list(b)
+            b2[cell] = who
+            return line_through(b2, cols, rows, cell, need)
+        for who in (mark, 3 - mark):
+            if hits := [c for c in open_cols if makes_line(board, c, who)]:
+                return str(hits[self.rng.randrange(len(hits))])
+        def hands_win(col: int) -> bool:
+            b2 = list(board)
+            b2[land(b2, col)] = mark  # type: ignore[index]
+            return makes_line(b2, col, 3 - mark)
+        safe = [c for c in open_cols if not hands_win(c)] or open_cols
+        centre = (cols - 1) / 2
+        best = min(abs(c - centre) for c in safe)
+        choices = [c for c in safe if abs(c - centre) == best]
+        return str(choices[self.rng.randrange(len(choices))])
+
+
 # ----------------------------------------------------------------------------- registry
 ScriptedFactory = Callable[..., ScriptedPolicy]
 SCRIPTED: Registry[ScriptedFactory] = Registry("scripted policy")
@@ -310,6 +438,10 @@ SCRIPTED.add("kuhn", KuhnPolicy)
 SCRIPTED.add("bargain", BargainHeuristic)
 SCRIPTED.add("calculator", CalculatorAgent)
 SCRIPTED.add("best_response", BestResponsePolicy)
+SCRIPTED.add("perfect", PerfectPlayer)
+SCRIPTED.add("one_ply", OnePlyPlayer)
+SCRIPTED.add("hexapawn", HexapawnHeuristic)
+SCRIPTED.add("connect3", ConnectHeuristic)
 
 
 def scripted_factory(kind: str) -> ScriptedFactory:

@@ -38,6 +38,11 @@ class Nim(MultiAgentEnv):
     def _observe(self, agent: str) -> str:
         return f"Nim: {self.stones} stones left. Take 1, 2 or 3; taking the last one wins."
 
+    def state_key(self) -> tuple[int, str]:
+        """The whole state, hashable: perfect play (kind: perfect) and exact best responses
+        search the game tree memoised on it."""
+        return (self.stones, self.agent_selection)
+
     def observe_struct(self, agent: str) -> dict[str, int]:
         """What a scripted player reads instead of parsing the text."""
         return {"stones": self.stones}
