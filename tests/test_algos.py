@@ -213,6 +213,21 @@ def test_kl_controllers():
     assert adaptive.coef == pytest.approx(0.1 * 1.02 * 0.99)
 
 
+def test_decay_controller_halves_after_half_life_and_resumes_where_it_was():
+    cfg = KLConfig(coef=0.3, controller="decay", half_life=100)
+    decay = KL_CONTROLLERS.get("decay")(cfg)
+    assert decay.coef == 0.3
+    for _ in range(100):
+        decay.update(0.5, 128)  # the KL and batch size play no part
+    assert decay.coef == pytest.approx(0.15)
+    resumed = KL_CONTROLLERS.get("decay")(cfg)
+    resumed.load_state_dict(decay.state_dict())
+    for ctl in (decay, resumed):
+        for _ in range(200):
+            ctl.update(0.0, 1)
+    assert decay.coef == resumed.coef == pytest.approx(0.3 * 100 / 400)
+
+
 def test_entropy_and_whiten():
     logits = torch.zeros(1, 1, 4)
     assert float(entropy_from_logits(logits)) == pytest.approx(math.log(4))

@@ -31,7 +31,8 @@ for _registry, _module, _entries in (
     (ADVANTAGES, "rae", {"rae": "rae"}),
     (POLICY_LOSSES, "losses", {"ppo": "ppo_clip", "vanilla": "vanilla_pg"}),
     (KL_ESTIMATORS, "kl", {"k1": "k1", "k2": "k2", "k3": "k3"}),
-    (KL_CONTROLLERS, "kl", {"fixed": "fixed_controller", "adaptive": "adaptive_controller"}),
+    (KL_CONTROLLERS, "kl", {"fixed": "fixed_controller", "adaptive": "adaptive_controller",
+                            "decay": "decay_controller"}),
     (PREFERENCE_LOSSES, "preference", {"dpo": "dpo_loss", "ipo": "ipo_loss",
                                        "listwise": "plackett_luce_loss", "kto": "kto_loss"}),
 ):

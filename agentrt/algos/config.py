@@ -16,9 +16,14 @@ class KLConfig(ConfigModel):
     placement: Literal["loss", "reward"] = Field(
         "loss", description="Add KL as a loss term or subtract it from per-token rewards."
     )
-    controller: Literal["fixed", "adaptive"] = Field("fixed", description="How beta evolves.")
+    controller: Literal["fixed", "adaptive", "decay"] = Field(
+        "fixed", description="How beta evolves: fixed, adaptive (toward a target KL) or decay "
+        "(beta * half_life / (half_life + updates): anneals a regularised equilibrium toward "
+        "the game's).")
     target: float = Field(0.1, gt=0.0, description="Adaptive controller: target KL.")
     horizon: int = Field(10000, gt=0, description="Adaptive controller: horizon in samples.")
+    half_life: int = Field(100, gt=0, description="Decay controller: updates after which beta "
+                                                  "has halved.")
     rebase_every: int | None = Field(
         None, gt=0, description="Make the current weights the KL reference every N updates (a "
         "moving reference: the proximal-point form of magnetic mirror descent, whose fixed point "

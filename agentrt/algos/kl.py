@@ -68,9 +68,37 @@ class AdaptiveKLController(KLController):
         self.coef *= 1.0 + error * n_steps / self.horizon
 
 
+class DecayKLController(KLController):
+    """beta_t = beta_0 * h / (h + t) after t updates (``half_life`` h): halves after h updates,
+    tends to 0. With a fixed reference the regularised equilibrium it holds the policy to moves
+    toward the game's equilibrium as beta falls (the annealed form of magnetic mirror descent,
+    Sokota et al. 2023, arXiv:2206.05825, section 4)."""
+
+    def __init__(self, coef: float, half_life: int) -> None:
+        super().__init__(coef)
+        self.start = float(coef)
+        self.half_life = int(half_life)
+        self.updates = 0
+
+    def update(self, current_kl: float, n_steps: int) -> None:  # noqa: ARG002 - counts updates
+        self.updates += 1
+        self.coef = self.start * self.half_life / (self.half_life + self.updates)
+
+    def state_dict(self) -> dict[str, float]:
+        return {"coef": self.coef, "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.coef = float(state["coef"])
+        self.updates = int(state.get("updates", 0))
+
+
 def fixed_controller(cfg: Any) -> KLController:
     return KLController(cfg.coef)
 
 
 def adaptive_controller(cfg: Any) -> KLController:
     return AdaptiveKLController(cfg.coef, cfg.target, cfg.horizon)
+
+
+def decay_controller(cfg: Any) -> KLController:
+    return DecayKLController(cfg.coef, cfg.half_life)
