@@ -103,6 +103,7 @@ EXAMPLE_RUNS = {
                                              "eval.games=6"]),
     "kuhn_league.yaml": ("tournament run", SHORT_LEAGUE),
     "ttt_selfplay.yaml": ("tournament run", SHORT_LEAGUE),
+    "game_league.yaml": ("tournament run", SHORT_LEAGUE),
     # Leduc's exact NashConv costs ~15 s a policy (the Kuhn example runs the same measure)
     "leduc_league.yaml": ("tournament run", [*SHORT_LEAGUE, "eval.exploitability=off"]),
     "bargain_exploiter.yaml": ("tournament run", [

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from agentrt.config.load import load_config, validate_config
+from agentrt.controller.run_dir import RunDir
 from agentrt.tournaments.records import MatchStore
 from agentrt.tournaments.report import build_leaderboard
 from agentrt.tournaments.run_config import TournamentRunConfig
@@ -113,3 +114,31 @@ def test_ttt_league_learns_to_beat_random(tmp_path):
     order = [r.key for r in rows]
     assert order.index("lm") < order.index("random") and order.index("lm") < order.index("lm@0")
     assert (tmp_path / "report.html").is_file()
+
+
+def test_the_default_recipe_learns_unexploitable_hexapawn_as_black(tmp_path):
+    """Issue 38, a game new to the project with nothing but its env id: the game recipe
+    (examples/game_league.yaml) makes the greedy policy perfect in the seat that wins Hexapawn
+    (Black, the second player): its exact best-response value is -1 (every opponent loses),
+    no blunder in either seat, every game against random won, no invalid move. The full run
+    (bench/new_games.py, docs/tournaments.md) gets there by step 50."""
+    threads = torch.get_num_threads()
+    example = Path(__file__).parents[2] / "examples" / "game_league.yaml"
+    cfg = load_config(example, [f"run_dir={tmp_path}", "progress=false", "threads=1",
+                                "train.steps=100", "eval.every=100", "eval.games=200"],
+                      TournamentRunConfig)
+    assert cfg.envs[0].id == "Hexapawn-v0"
+    try:
+        LeagueTrainer(cfg).run()
+    finally:
+        torch.set_num_threads(threads)
+    end = next(m for m in reversed(list(RunDir(tmp_path).read_metrics()))
+               if "eval/win_rate_vs_random" in m)
+    assert end["step"] == 100
+    start = next(m for m in RunDir(tmp_path).read_metrics() if "eval/win_rate_vs_random" in m)
+    assert start["eval/br_value/Hexapawn-v0/seat1/greedy"] == 1.0  # the warm start is beaten
+    assert end["eval/br_value/Hexapawn-v0/seat1/greedy"] == -1.0
+    assert end["eval/blunders/Hexapawn-v0/seat0"] == end["eval/blunders/Hexapawn-v0/seat1"] == 0
+    assert end["eval/win_rate_seat1_vs_random"] == 1.0
+    assert end["eval/win_rate_seat1_vs_perfect"] == 1.0
+    assert end["eval/invalid_rate_vs_random"] == 0.0
