@@ -14,7 +14,8 @@ games each, for the reference.
 The issue's bar (38, must-show 4): in each seat, the learner's win rate against random at least
 0.9 of the perfect player's, and its score against the heuristic at least 0.5 seat-averaged.
 
-Run: ``.venv/bin/python bench/new_games.py [--steps 300] [--seeds 0 1 2] [--out F.json]``
+Run: ``.venv/bin/python bench/new_games.py [--steps 300] [--seeds 0 1 2] [--out F.json]
+[--set policies.0.optim.lr=3.0e-4]`` (``--set``: a change to the recipe for every game).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -44,7 +46,17 @@ GAMES: dict[str, tuple[dict, str]] = {
 }
 
 
-def run_config(game: str, seed: int, steps: int, run_dir: Path) -> dict:
+def apply_set(cfg: dict, item: str) -> None:
+    """``a.b.0.c=value`` (the CLI's --set form; the value read as YAML) into ``cfg``."""
+    path, _, text = item.partition("=")
+    *parents, last = path.split(".")
+    node: Any = cfg
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+    node[int(last) if isinstance(node, list) else last] = yaml.safe_load(text)
+
+
+def run_config(game: str, seed: int, steps: int, run_dir: Path, sets: list[str]) -> dict:
     cfg = copy.deepcopy(yaml.safe_load((ROOT / "examples" / "game_league.yaml").read_text()))
     kwargs, heuristic = GAMES[game]
     cfg |= {"seed": seed, "run_dir": str(run_dir), "progress": False, "threads": 1}
@@ -55,11 +67,13 @@ def run_config(game: str, seed: int, steps: int, run_dir: Path) -> dict:
     cfg["eval"] |= {"every": steps, "opponents": ["random", "heuristic", "perfect"]}
     cfg["train"]["steps"] = steps
     cfg["checkpoint"] = {"every": steps}
+    for item in sets:
+        apply_set(cfg, item)
     return cfg
 
 
-def learner_row(game: str, seed: int, steps: int, tmp: Path) -> dict:
-    cfg = run_config(game, seed, steps, tmp / f"{game}_{seed}")
+def learner_row(game: str, seed: int, steps: int, tmp: Path, sets: list[str]) -> dict:
+    cfg = run_config(game, seed, steps, tmp / f"{game}_{seed}", sets)
     last, seconds = last_eval(cfg, f"{game}_{seed}", tmp)
     row = {"game": game, "seed": seed, "step": last["step"], "seconds": seconds}
     for s in (0, 1):
@@ -111,6 +125,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--reference-games", type=int, default=2000)
+    parser.add_argument("--set", dest="sets", action="append", default=[],
+                        help="a change to the recipe for every game, a.b.0.c=value")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     sys.path.insert(0, str(PLUGIN))
@@ -119,9 +135,11 @@ def main() -> None:
     games = args.games.split(",")
     arms = [(g, s) for g in games for s in args.seeds]
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda a: learner_row(*a, args.steps, Path(tmp)), arms))
+        rows = list(pool.map(lambda a: learner_row(*a, args.steps, Path(tmp), args.sets),
+                             arms))
     perfect = {g: perfect_row(g, args.reference_games) for g in games}
-    print(f"examples/game_league.yaml, {args.steps} steps x 128 games, seeds {args.seeds}; "
+    recipe = " ".join(["examples/game_league.yaml", *args.sets])
+    print(f"{recipe}, {args.steps} steps x 128 games, seeds {args.seeds}; "
           "the learner's greedy policy at the last evaluation (400 games per opponent), mean ± "
           f"95% interval (t over seeds); perfect: kind perfect, {args.reference_games} games a "
           "seat")
