@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentrt.config.load import validate_config
+from agentrt.core.plugins import config_imports, load_plugins
 from agentrt.tournaments.run_config import TournamentRunConfig
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -47,3 +48,28 @@ def test_every_turn_credit_variant_validates(tmp_path: Path, variant: str) -> No
     assert algo.rae_per_state == (variant == "rae_per_state")
     assert any(b.kind == "best_response" for b in cfg.baselines) == (variant == "best_response")
     assert (algo.kl.coef > 0) == (variant == "kl") and cfg.train.steps == 10
+
+
+def test_every_new_games_arm_validates_with_a_set_change(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = _bench("new_games")
+    monkeypatch.syspath_prepend(str(bench.PLUGIN))   # Nim-v0 comes from the plugin example
+    sets = ["policies.0.algorithm.rae_per_state=false", "policies.0.optim.lr=3.0e-4"]
+    for game, (kwargs, heuristic) in bench.GAMES.items():
+        raw = bench.run_config(game, 1, 10, tmp_path / game, sets)
+        load_plugins(config_imports(raw))
+        cfg = validate_config({k: v for k, v in raw.items() if k != "imports"},
+                              TournamentRunConfig)
+        assert cfg.envs[0].id == game and cfg.envs[0].kwargs == kwargs
+        assert cfg.policies[0].algorithm.rae_per_state is False
+        assert cfg.policies[0].optim.lr == pytest.approx(3e-4)
+        assert {b.id: b.kind for b in cfg.baselines}["heuristic"] == heuristic
+        assert cfg.train.steps == 10 and cfg.eval.every == 10
+
+
+def test_new_games_reference_rows_are_the_perfect_players_figures() -> None:
+    """Hexapawn's Black wins every game with perfect play; White wins some against random."""
+    bench = _bench("new_games")
+    row = bench.perfect_row("Hexapawn-v0", 20)
+    assert row["win_vs_random/seat1"] == 1.0 and row["score_vs_heuristic/seat1"] == 1.0
+    assert 0.0 < row["win_vs_random/seat0"] < 1.0
