@@ -15,7 +15,8 @@ The issue's bar (38, must-show 4): in each seat, the learner's win rate against 
 0.9 of the perfect player's, and its score against the heuristic at least 0.5 seat-averaged.
 
 Run: ``.venv/bin/python bench/new_games.py [--steps 300] [--seeds 0 1 2] [--out F.json]
-[--set policies.0.optim.lr=3.0e-4]`` (``--set``: a change to the recipe for every game).
+[--set policies.0.optim.lr=3.0e-4]`` (``--set``: a change to the recipe for every game; with
+``--set eval.every=100`` it also prints each run's evaluations, a learning curve).
 """
 
 from __future__ import annotations
@@ -83,7 +84,25 @@ def learner_row(game: str, seed: int, steps: int, tmp: Path, sets: list[str]) ->
         row[f"br_value/seat{s}"] = last.get(f"eval/br_value/{game}/seat{s}/greedy")
         row[f"blunders/seat{s}"] = last.get(f"eval/blunders/{game}/seat{s}")
     row["invalid_rate"] = last["eval/invalid_rate_vs_random"]
+    row["curve"] = eval_curve(Path(cfg["run_dir"]) / "metrics.jsonl", game)
     return row
+
+
+def eval_curve(metrics: Path, game: str) -> list[dict]:
+    """Every evaluation of a run, seat-averaged: (step, win vs random, score vs heuristic,
+    blunders of both seats)."""
+    out = []
+    for line in metrics.read_text().splitlines():
+        m = json.loads(line)
+        if "eval/win_rate_seat0_vs_random" not in m:
+            continue
+        win = sum(m[f"eval/win_rate_seat{s}_vs_random"] for s in (0, 1)) / 2
+        score = sum(m[f"eval/win_rate_seat{s}_vs_heuristic"]
+                    + m[f"eval/draw_rate_seat{s}_vs_heuristic"] / 2 for s in (0, 1)) / 2
+        blunders = [m.get(f"eval/blunders/{game}/seat{s}") for s in (0, 1)]
+        out.append({"step": m["step"], "win_vs_random": win, "score_vs_heuristic": score,
+                    "blunders": None if None in blunders else sum(blunders)})
+    return out
 
 
 def perfect_row(game: str, games: int) -> dict:
@@ -165,6 +184,13 @@ def main() -> None:
         seconds = sum(r["seconds"] for r in mine) / len(mine)
         print(f"{g:16s} seat-averaged score vs heuristic {mean:.3f} ± {half:.3f}; invalid "
               f"moves vs random {invalid:.3f}; {seconds:.0f} s a run")
+    curves = [r for r in rows if len(r["curve"]) > 1]
+    if curves:
+        print("\nevery evaluation (seat-averaged): step win-vs-random score-vs-heuristic blunders")
+    for r in curves:
+        points = "  ".join(f"{c['step']}: {c['win_vs_random']:.3f} {c['score_vs_heuristic']:.3f} "
+                           f"{c['blunders']}" for c in r["curve"])
+        print(f"{r['game']:16s} seed {r['seed']}  {points}")
     if args.out:
         args.out.write_text(json.dumps({"rows": rows, "perfect": perfect}, indent=1))
 

@@ -5,6 +5,7 @@ passes the run config's validation (which also plays each baseline one game)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -73,3 +74,22 @@ def test_new_games_reference_rows_are_the_perfect_players_figures() -> None:
     row = bench.perfect_row("Hexapawn-v0", 20)
     assert row["win_vs_random/seat1"] == 1.0 and row["score_vs_heuristic/seat1"] == 1.0
     assert 0.0 < row["win_vs_random/seat0"] < 1.0
+
+
+def test_new_games_curve_reads_every_evaluation_seat_averaged(tmp_path: Path) -> None:
+    bench = _bench("new_games")
+    def evaluation(step: int, win: float, blunders: int) -> dict:
+        row = {"step": step}
+        for s in (0, 1):
+            row |= {f"eval/win_rate_seat{s}_vs_random": win + s * 0.1,
+                    f"eval/win_rate_seat{s}_vs_heuristic": 0.25,
+                    f"eval/draw_rate_seat{s}_vs_heuristic": 0.5,
+                    f"eval/blunders/Hexapawn-v0/seat{s}": blunders}
+        return row
+    rows = [evaluation(50, 0.5, 3), {"step": 51, "train/loss": 1.0}, evaluation(100, 0.7, 1)]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    curve = bench.eval_curve(metrics, "Hexapawn-v0")
+    assert [c["step"] for c in curve] == [50, 100]
+    assert curve[1]["win_vs_random"] == pytest.approx(0.75)
+    assert curve[0]["score_vs_heuristic"] == pytest.approx(0.5) and curve[0]["blunders"] == 6
