@@ -22,16 +22,15 @@ Run: ``.venv/bin/python bench/new_games.py [--steps 300] [--seeds 0 1 2] [--out 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-import yaml
+from agentrt.config.load import apply_overrides, read_config
+from agentrt.controller.run_dir import read_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from exploitability import interval, last_eval  # noqa: E402  (a sibling bench script)
@@ -47,18 +46,8 @@ GAMES: dict[str, tuple[dict, str]] = {
 }
 
 
-def apply_set(cfg: dict, item: str) -> None:
-    """``a.b.0.c=value`` (the CLI's --set form; the value read as YAML) into ``cfg``."""
-    path, _, text = item.partition("=")
-    *parents, last = path.split(".")
-    node: Any = cfg
-    for key in parents:
-        node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
-    node[int(last) if isinstance(node, list) else last] = yaml.safe_load(text)
-
-
 def run_config(game: str, seed: int, steps: int, run_dir: Path, sets: list[str]) -> dict:
-    cfg = copy.deepcopy(yaml.safe_load((ROOT / "examples" / "game_league.yaml").read_text()))
+    cfg = read_config(ROOT / "examples" / "game_league.yaml")
     kwargs, heuristic = GAMES[game]
     cfg |= {"seed": seed, "run_dir": str(run_dir), "progress": False, "threads": 1}
     cfg["envs"][0] |= {"id": game, "kwargs": kwargs}
@@ -68,9 +57,7 @@ def run_config(game: str, seed: int, steps: int, run_dir: Path, sets: list[str])
     cfg["eval"] |= {"every": steps, "opponents": ["random", "heuristic", "perfect"]}
     cfg["train"]["steps"] = steps
     cfg["checkpoint"] = {"every": steps}
-    for item in sets:
-        apply_set(cfg, item)
-    return cfg
+    return apply_overrides(cfg, sets)
 
 
 def learner_row(game: str, seed: int, steps: int, tmp: Path, sets: list[str]) -> dict:
@@ -79,8 +66,7 @@ def learner_row(game: str, seed: int, steps: int, tmp: Path, sets: list[str]) ->
     row = {"game": game, "seed": seed, "step": last["step"], "seconds": seconds}
     for s in (0, 1):
         row[f"win_vs_random/seat{s}"] = last[f"eval/win_rate_seat{s}_vs_random"]
-        row[f"score_vs_heuristic/seat{s}"] = (last[f"eval/win_rate_seat{s}_vs_heuristic"]
-                                              + last[f"eval/draw_rate_seat{s}_vs_heuristic"] / 2)
+        row[f"score_vs_heuristic/seat{s}"] = score_vs_heuristic(last, s)
         row[f"br_value/seat{s}"] = last.get(f"eval/br_value/{game}/seat{s}/greedy")
         row[f"blunders/seat{s}"] = last.get(f"eval/blunders/{game}/seat{s}")
     row["invalid_rate"] = last["eval/invalid_rate_vs_random"]
@@ -88,17 +74,21 @@ def learner_row(game: str, seed: int, steps: int, tmp: Path, sets: list[str]) ->
     return row
 
 
+def score_vs_heuristic(evaluation: dict, seat: int) -> float:
+    """Win + draw / 2 against the heuristic player, in ``seat``."""
+    return (evaluation[f"eval/win_rate_seat{seat}_vs_heuristic"]
+            + evaluation[f"eval/draw_rate_seat{seat}_vs_heuristic"] / 2)
+
+
 def eval_curve(metrics: Path, game: str) -> list[dict]:
     """Every evaluation of a run, seat-averaged: (step, win vs random, score vs heuristic,
     blunders of both seats)."""
     out = []
-    for line in metrics.read_text().splitlines():
-        m = json.loads(line)
+    for m in read_jsonl(metrics):
         if "eval/win_rate_seat0_vs_random" not in m:
             continue
         win = sum(m[f"eval/win_rate_seat{s}_vs_random"] for s in (0, 1)) / 2
-        score = sum(m[f"eval/win_rate_seat{s}_vs_heuristic"]
-                    + m[f"eval/draw_rate_seat{s}_vs_heuristic"] / 2 for s in (0, 1)) / 2
+        score = sum(score_vs_heuristic(m, s) for s in (0, 1)) / 2
         blunders = [m.get(f"eval/blunders/{game}/seat{s}") for s in (0, 1)]
         out.append({"step": m["step"], "win_vs_random": win, "score_vs_heuristic": score,
                     "blunders": None if None in blunders else sum(blunders)})

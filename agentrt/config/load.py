@@ -81,7 +81,12 @@ def read_config(path: str | Path, overrides: list[str] | None = None) -> dict[st
         raise ConfigError(f"{path} is empty; write the config's sections in it (see examples/)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    return _merge(data, parse_overrides(overrides or []))
+    return apply_overrides(data, overrides or [])
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """A raw config with ``a.b=c`` overrides merged in (``data`` itself left unchanged)."""
+    return _merge(data, parse_overrides(overrides))
 
 class _StrictLoader(yaml.SafeLoader):
     """YAML's safe loader, but a key given twice in one mapping is an error (YAML says keys are
