@@ -103,6 +103,10 @@ class ResourcesConfig(Section):
     gpus_per_worker: float = Field(0.0, ge=0.0, description="GPUs reserved per worker.")
     placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="Placement group strategy of the pool's workers.")
+    custom: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources each worker's bundle asks for "
+        "(`ray start --resources`), e.g. {node_1: 0.01} to place the pool (its workers and "
+        "their rollout engine) on the nodes that offer node_1.")
     colocate_roles: bool = Field(
         True, description="Actor, reference and critic share each worker process.")
     max_restarts: int = Field(3, ge=0, description="Times Ray restarts a worker that died.")
@@ -111,6 +115,15 @@ class ResourcesConfig(Section):
         "(replicas, gradients all-reduced); 'fsdp': parameters, gradients and optimizer state "
         "sharded over the workers with torch FSDP2, the rollout taking the full weights once "
         "per update (docs/runtime.md, Sharded training). Needs runtime.backend: ray.")
+
+    @field_validator("custom")
+    @classmethod
+    def _positive(cls, custom: dict[str, float]) -> dict[str, float]:
+        for name, amount in custom.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory") or amount <= 0:
+                raise ValueError(f"custom: {name}: {amount} is not a custom resource amount "
+                                 "> 0 (CPUs and GPUs are cpus_per_worker / gpus_per_worker)")
+        return custom
 
     @model_validator(mode="after")
     def _colocated(self) -> ResourcesConfig:

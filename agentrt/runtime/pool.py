@@ -91,7 +91,8 @@ class BasePool:
     def _guarded(self, impl: Callable[..., Any], *args: Any, journal: bool = True) -> Any:
         """``impl(*args)``, one call at a time. The Ray pool retries it after restarting lost
         workers and, with ``journal`` (every call that changes state; reads pass False), keeps
-        ``(impl, args)`` to replay after a later restart."""
+        ``(impl, args)`` to replay after a later restart. Sampling is such a call (it moves the
+        workers' torch RNG): replayed, a restarted worker samples what the lost one would."""
         with self._lock:
             return impl(*args)
 
@@ -130,8 +131,7 @@ class BasePool:
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig | None = None,
                  adapter: str | None = None) -> list[Completion]:
         """One completion per prompt; prompts are split across workers, order preserved."""
-        return self._guarded(self._generate, prompts, sampling, self._name(adapter),
-                             journal=False)
+        return self._guarded(self._generate, prompts, sampling, self._name(adapter))
 
     def generate_many(self, requests: list[tuple[list[list[int]], SamplingConfig | None,
                                                   str | None]]) -> list[list[Completion]]:
@@ -140,7 +140,7 @@ class BasePool:
         (:meth:`~agentrt.runtime.shared_model.SharedModel.generate_many`)."""
         return self._guarded(self._generate_many,
                              [(prompts, sampling, self._name(adapter))
-                              for prompts, sampling, adapter in requests], journal=False)
+                              for prompts, sampling, adapter in requests])
 
     def train(self, trajectories: list[Trajectory], adapter: str | None = None
               ) -> dict[str, float]:

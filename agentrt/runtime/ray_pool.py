@@ -76,7 +76,10 @@ class PolicyPool(BasePool):
     which live on the driver). When a worker dies, Ray restarts it (``max_restarts``), the pool
     restarts the others too (their process group lost a peer), restores the checkpoint, replays
     the journal and retries the failed call: no trajectory is lost or trained twice. Each such
-    recovery is logged and counted in ``runtime/worker_restarts``.
+    recovery is logged and counted in ``runtime/worker_restarts``, and the wall time it cost (the
+    failed call's and the recovery's) in ``runtime/recovery_s``. A lost node is the same: Ray
+    moves the placement group's bundles that were on it to nodes with room (or waits for one)
+    and restarts the actors there.
 
     Args:
         policies: One policy, or several LoRA policies sharing a base model.
@@ -107,6 +110,7 @@ class PolicyPool(BasePool):
         self.tokenizer = AutoTokenizer.from_pretrained(policies[0].model.path)
         self.worker_restarts = 0
         self.replayed_calls = 0
+        self.recovery_s = 0.0  # wall time lost to failed calls and recoveries
         self._checkpoint: Any = None  # ObjectRef of the recovery point; None: initial state
         self._initial = {"rae": dict(self.rae), "versions": dict(self.versions)}
         self._journal: list[tuple[Callable[..., Any], tuple]] = []  # (impl, args) replayed
@@ -122,7 +126,7 @@ class PolicyPool(BasePool):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        bundle = {"CPU": self.res.cpus_per_worker}
+        bundle = {"CPU": self.res.cpus_per_worker, **self.res.custom}
         if self.res.gpus_per_worker:
             bundle["GPU"] = self.res.gpus_per_worker
         self.pg = placement_group([bundle] * self.num_workers, strategy=self.res.placement)
@@ -226,6 +230,7 @@ class PolicyPool(BasePool):
         kept in the journal (replayed after a later recovery)."""
         with self._lock:
             for attempt in range(self.max_recoveries + 1):
+                start = time.monotonic()
                 try:
                     out = impl(*args)
                     break
@@ -233,6 +238,7 @@ class PolicyPool(BasePool):
                     if attempt == self.max_recoveries:
                         raise
                     self._recover(exc)
+                    self.recovery_s += time.monotonic() - start  # the failed try + recovery
             if journal:
                 self._journal.append((impl, args))
             return out
@@ -243,6 +249,7 @@ class PolicyPool(BasePool):
         with self._lock:
             metrics = super().train(trajectories, adapter)
             metrics["runtime/worker_restarts"] = float(self.worker_restarts)
+            metrics["runtime/recovery_s"] = self.recovery_s
             return metrics
 
     def _recover(self, exc: WorkerLost) -> None:
