@@ -287,6 +287,10 @@ class EvalConfig(Section):
 class CheckpointConfig(Section):
     every: int = Field(50, gt=0, description="Save every N RL steps (and at the end).")
     keep: int = Field(2, gt=0, description="How many recent checkpoints to keep.")
+    models: bool = Field(
+        False, description="Also write each learning policy in Hugging Face format (a model "
+        "or a LoRA adapter folder) into checkpoints/step_N/models/<id>/: what `agentrt serve "
+        "RUN_DIR --follow` serves while the run trains.")
 
 
 class GuardsConfig(Section):

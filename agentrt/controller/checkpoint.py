@@ -3,6 +3,8 @@
 Layout of ``<run_dir>/checkpoints/step_N/``::
 
     state.pt        torch.save of tensors and plain data only (lists, dicts, str, numbers)
+    models/<id>/    with ``checkpoint.models``: each learning policy in Hugging Face format
+                    (what ``agentrt serve --follow`` serves; not read by a resume)
     manifest.json   {"format": 1, "step": N, "agentrt": version,
                      "files": {"state.pt": {"bytes": ..., "sha256": ...}}}
 
@@ -32,6 +34,7 @@ from agentrt.core.errors import AgentrtError
 
 FORMAT = 1
 MANIFEST = "manifest.json"
+MODELS = "models"
 STATE = "state.pt"
 
 

@@ -26,7 +26,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Collection, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 import numpy as np
 import torch
@@ -208,15 +208,19 @@ class RunDir:
         truncate_jsonl(self.metrics_path, after_step)
 
     def save_checkpoint(self, step: int, state: dict[str, Any], keep: int,
-                        pinned: Collection[int] = ()) -> Path:
-        """Writes ``checkpoints/step_<step>/`` (state.pt, then its manifest) into a temporary
-        folder renamed into place, and prunes old checkpoints (``keep`` newest stay, and those
-        of the ``pinned`` steps: a drift rollback's target)."""
+                        pinned: Collection[int] = (),
+                        extra: Callable[[Path], None] | None = None) -> Path:
+        """Writes ``checkpoints/step_<step>/`` (``extra(folder)`` first, e.g. the policies'
+        model folders, then state.pt, then its manifest) into a temporary folder renamed into
+        place, and prunes old checkpoints (``keep`` newest stay, and those of the ``pinned``
+        steps: a drift rollback's target)."""
         self.ckpt_dir.mkdir(exist_ok=True)
         final = self.ckpt_dir / f"step_{step}"
         tmp = self.ckpt_dir / f".tmp_step_{step}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
+        if extra is not None:
+            extra(tmp)
         write_checkpoint(tmp, step, state)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)

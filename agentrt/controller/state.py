@@ -8,11 +8,12 @@ calls them at its step boundaries.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrt.controller.drift import DriftPaused, weights_sha256
 from agentrt.controller.identity import RunFolderError
-from agentrt.controller.checkpoint import load_checkpoint
+from agentrt.controller.checkpoint import MODELS, load_checkpoint
 from agentrt.controller.episodes import EPISODES, EpisodeLog
 from agentrt.controller.versions import VERSIONS, read_versions
 from agentrt.controller.run_dir import count_jsonl, rng_state, set_rng_state, truncate_jsonl
@@ -87,8 +88,13 @@ def save(ctl: Controller, work: Workload) -> None:
         ctl.drift.saved(ctl.step)
     state = state_dict(ctl, work)
     ctl.guard.check_state(ctl.step, state)  # never a checkpoint with NaN weights
+    def models(folder: Path) -> None:  # servable folders, inside the checkpoint
+        for pid in ctl.learners():
+            ctl.save_pretrained(pid, folder / MODELS / pid)
+
     ctl.run_dir.save_checkpoint(ctl.step, state, work.checkpoint_keep,
-                                 pinned=ctl.drift.pinned() if ctl.drift else ())
+                                 pinned=ctl.drift.pinned() if ctl.drift else (),
+                                 extra=models if work.checkpoint_models else None)
     ctl.guard.saved(ctl.step)
     kept = ctl.run_dir.checkpoints()  # a damaged newer one falls back to any of these
     oldest = int(kept[0].name.removeprefix("step_")) if kept else ctl.step

@@ -54,6 +54,7 @@ class Workload:
         self.steps, self.progress = cfg.train.steps, cfg.progress
         self.eval_every, self.checkpoint_every = cfg.eval.every, cfg.checkpoint.every
         self.checkpoint_keep = cfg.checkpoint.keep
+        self.checkpoint_models = cfg.checkpoint.models
 
     @property
     def policies(self) -> list[Any]:
