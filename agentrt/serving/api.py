@@ -11,27 +11,27 @@ JSON body in OpenAI's shape with a 4xx status (5xx only for a failed generate ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
-from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agentrt.serving.canary_stats import Arm, Decision
-from agentrt.core.schema import format_validation_error
+from agentrt.serving.canary_stats import Arm
 from agentrt.core.errors import AgentrtError
-from agentrt.rewards import RewardFn, resolve_reward, score
 from agentrt.serving.batcher import Batcher, Job
-from agentrt.serving.canary import CanaryConfig, CanaryLog, CanaryRun
+from agentrt.serving.canary import CanaryLog, CanaryRun
+from agentrt.serving.canary_routes import CanaryRoutes
 from agentrt.serving.host import ModelHost, Version
+from agentrt.serving.http import first_line, read_json
 from agentrt.serving.protocol import (
     Params,
     RequestError,
@@ -47,40 +47,22 @@ from agentrt.serving.protocol import (
 log = logging.getLogger(__name__)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
-
-
-async def _json(request: Request, limit: int) -> Any:
-    """The request's JSON body, refused (413) past ``limit`` bytes before more is read; parsed
-    off the event loop."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    try:
-        return await asyncio.to_thread(json.loads, raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON ({exc})") from None
-
-
-def _too_large(limit: int) -> RequestError:
-    return RequestError(f"the request body is larger than {limit} bytes, the most this server "
-                        "takes (agentrt serve --max-request-mb)", 413)
-
-
 def _sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-class Api:
+def _running(background: Callable[[], Awaitable[None]]) -> Any:
+    """A Starlette lifespan that runs ``background()`` as a task while the app serves."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(background())
+        yield
+        task.cancel()
+
+    return lifespan
+
+
+class Api(CanaryRoutes):
     """Route handlers over one :class:`ModelHost` and its :class:`Batcher`.
 
     Args:
@@ -105,8 +87,11 @@ class Api:
         self.finished: list[CanaryRun] = []
         self._changing: set[str] = set()  # names whose version is being loaded
         self._tasks: set[asyncio.Task] = set()  # scorer tasks, referenced until done
+        self.on_decided: Callable[[CanaryRun], None] | None = None  # e.g. serve --follow
 
-    def app(self) -> Starlette:
+    def app(self, background: Callable[[], Awaitable[None]] | None = None) -> Starlette:
+        """The Starlette app; ``background()`` runs on its event loop while it serves (with
+        uvicorn's ``lifespan="on"``)."""
         routes = [Route("/health", self.health), Route("/v1/models", self.models),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
@@ -116,7 +101,8 @@ class Api:
                   Route("/v1/feedback", self.feedback, methods=["POST"])]
         handlers = {RequestError: self._request_error, HTTPException: self._http_error,
                     Exception: self._server_error}
-        return Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
+        return Starlette(routes=routes, exception_handlers=handlers,  # type: ignore[arg-type]
+                         lifespan=None if background is None else _running(background))
 
     # ------------------------------------------------------------------ errors and auth
     async def _request_error(self, request: Request, exc: Exception) -> Response:
@@ -131,7 +117,7 @@ class Api:
 
     async def _server_error(self, request: Request, exc: Exception) -> Response:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return JSONResponse(error_body(_first_line(exc), "server_error", None, 500),
+        return JSONResponse(error_body(first_line(exc), "server_error", None, 500),
                             status_code=500)
 
     def _auth(self, request: Request, admin: bool = False) -> None:
@@ -173,7 +159,7 @@ class Api:
     async def admin_load(self, request: Request) -> Response:
         """Hot swap: ``{"model": name, "path": folder}`` becomes ``name``'s new version."""
         self._auth(request, admin=True)
-        body = await _json(request, self.max_body)
+        body = await read_json(request, self.max_body)
         if not isinstance(body, dict) or not all(isinstance(body.get(k), str)
                                                  for k in ("model", "path")):
             raise RequestError('the body must be {"model": NAME, "path": FOLDER}')
@@ -207,115 +193,12 @@ class Api:
         except AgentrtError as exc:
             raise RequestError(str(exc), param="path") from None
         except Exception as exc:  # noqa: BLE001 - unreadable weights are the caller's input
-            raise RequestError(f"cannot load {path}: {_first_line(exc)}", param="path") from None
-
-    # ------------------------------------------------------------------ canary
-    async def admin_canary(self, request: Request) -> Response:
-        """GET: every canary (running first) with its events; POST: start one (CanaryConfig)."""
-        self._auth(request, admin=True)
-        if request.method == "GET":
-            runs = [*self.canaries.values(), *reversed(self.finished)]
-            return JSONResponse({"canaries": [r.status() for r in runs]})
-        body = await _json(request, self.max_body)
-        if not isinstance(body, dict):
-            raise RequestError('the body must be {"model": NAME, "path": FOLDER, ...}')
-        try:
-            cfg = CanaryConfig.model_validate({**self.canary_defaults, **body})
-        except ValidationError as exc:
-            loc = exc.errors()[0]["loc"]
-            raise RequestError(format_validation_error(exc),
-                               param=str(loc[0]) if loc else None) from None
-        try:
-            scorer = resolve_reward(cfg.scorer) if cfg.scorer else None
-        except AgentrtError as exc:
-            raise RequestError(str(exc), param="scorer") from None
-        self._free(cfg.model)
-        self._changing.add(cfg.model)
-        try:
-            incumbent = self.host.current[cfg.model]
-            candidate = await self._load(cfg.model, Path(cfg.path), candidate=True)
-            run = CanaryRun(cfg, scorer, incumbent, candidate, self.canary_log)
-            self.canaries[cfg.model] = run
-        finally:
-            self._changing.discard(cfg.model)
-        log.info("%s: canary of %s on %.1f%% of requests", cfg.model, candidate.fingerprint,
-                 100 * cfg.share)
-        return JSONResponse(run.status())
-
-    async def feedback(self, request: Request) -> Response:
-        """``{"id": completion id, "reward": number}``: the reward of a canary's response."""
-        self._auth(request)
-        body = await _json(request, self.max_body)
-        rid = body.get("id") if isinstance(body, dict) else None
-        value = body.get("reward") if isinstance(body, dict) else None
-        if not isinstance(rid, str) or isinstance(value, bool) or \
-                not isinstance(value, (int, float)):
-            raise RequestError('the body must be {"id": COMPLETION_ID, "reward": NUMBER}',
-                               param="reward" if isinstance(rid, str) else "id")
-        run = next((r for r in self.canaries.values() if rid in r.served), None)
-        if run is None:
-            raise RequestError(f"no canary waits for a reward of {rid!r}: only responses served "
-                               "while a canary runs count, each once", 404, "id",
-                               "not_found_error")
-        if not run.running:
-            raise RequestError(f"the canary of {run.cfg.model!r} has decided; this reward is not "
-                               "counted", 409, "id", "conflict_error")
-        try:
-            decision = await self._count(run, rid, float(value), "feedback")
-        except ValueError as exc:
-            raise RequestError(str(exc), param="reward") from None
-        return JSONResponse({"id": rid, "model": run.cfg.model, "counted": True,
-                             "look": decision.record() if decision else None,
-                             "state": run.state})
-
-    async def _count(self, run: CanaryRun, rid: str, value: float, via: str) -> Decision | None:
-        decision = run.reward(rid, value, via)
-        if decision is not None and decision.decision != "continue":
-            await self._decide(run, decision)
-        return decision
-
-    async def _decide(self, run: CanaryRun, decision: Decision) -> None:
-        """Promotes the candidate through the hot-swap path, or withdraws it."""
-        if decision.decision == "promote":
-            fn = lambda: self.host.promote(run.candidate)  # noqa: E731
-        else:
-            fn = lambda: self.host.withdraw(run.candidate)  # noqa: E731
-        await asyncio.wrap_future(self.batcher.call(fn))
-        current = self.host.current[run.cfg.model]
-        run.finish(decision, current)
-        del self.canaries[run.cfg.model]
-        self.finished.append(run)
-        log.info("%s: canary %s %s (%s)", run.cfg.model, run.candidate.fingerprint, run.state,
-                 decision.rule)
-
-    def _answered(self, run: CanaryRun | None, arm: Arm | None, rid: str, prompts: list[list[int]],
-                  texts: list[str], tokenizer: Any) -> None:
-        """A canary's response was made: it waits for a reward; a scorer gives one now."""
-        if run is None or arm is None or not run.running:
-            return
-        run.answered(rid, arm)
-        if run.scorer is not None:
-            task = asyncio.get_running_loop().create_task(
-                self._score(run, run.scorer, rid, prompts, texts, tokenizer))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _score(self, run: CanaryRun, fn: RewardFn, rid: str, prompts: list[list[int]],
-                     texts: list[str], tokenizer: Any) -> None:
-        samples = [(tokenizer.decode(p, skip_special_tokens=True), t,
-                    {"model": run.cfg.model, "id": rid}) for p, t in zip(prompts, texts)]
-        values, errors = await asyncio.to_thread(score, fn, samples)
-        if errors or not run.running:
-            return  # a failed score is no sample (score logged it)
-        try:
-            await self._count(run, rid, sum(values) / len(values), "scorer")
-        except (KeyError, ValueError) as exc:
-            log.warning("%s: scorer reward not counted: %s", run.cfg.model, exc)
+            raise RequestError(f"cannot load {path}: {first_line(exc)}", param="path") from None
 
     # ------------------------------------------------------------------ generation
     async def _complete(self, request: Request, chat: bool) -> Response:
         self._auth(request)
-        body = await _json(request, self.max_body)
+        body = await read_json(request, self.max_body)
         # tokenized off the event loop: a long prompt never stalls the other requests
         p = await asyncio.to_thread(parse, body, chat, self.host.tokenizer, self.host.max_len,
                                     self.max_tokens, self.max_queue)
@@ -374,7 +257,7 @@ class Api:
         try:
             out = job.future.result()
         except Exception as exc:  # noqa: BLE001 - the status is sent already: an error event
-            yield _sse(error_body(_first_line(exc), "server_error", None, 500))
+            yield _sse(error_body(first_line(exc), "server_error", None, 500))
         else:
             yield chunk(text.finish(), finish_reason(out.finished, text))
             self._answered(run, arm, rid, p.prompts, [text.text], version.module.tokenizer)

@@ -15,6 +15,7 @@ import json
 import random
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,8 @@ class CanaryRun:
     """
 
     def __init__(self, cfg: CanaryConfig, scorer: RewardFn | None, incumbent: Version,
-                 candidate: Version, log: CanaryLog) -> None:
+                 candidate: Version, log: CanaryLog, resume: dict[str, Any] | None = None
+                 ) -> None:
         self.cfg, self.scorer, self.log = cfg, scorer, log
         self.incumbent, self.candidate = incumbent, candidate
         self.test = SequentialTest(CanaryTest(**cfg.model_dump(
@@ -74,6 +76,11 @@ class CanaryRun:
         self.served: dict[str, Arm] = {}  # completion id -> arm, until its reward arrives
         self.state = "running"  # then promoted | rolled back
         self.events: list[dict[str, Any]] = []
+        if resume is not None:
+            self._restore(resume)
+            self._event("resume", path=cfg.path, samples=self.test.samples,
+                        looks_done=len(self.test.decisions), routed=dict(self.routed))
+            return
         d = self.test.design
         self._event("start", path=cfg.path, share=cfg.share, alpha=cfg.alpha, power=cfg.power,
                     margin=cfg.margin, looks=cfg.looks, low=cfg.low, high=cfg.high,
@@ -132,6 +139,28 @@ class CanaryRun:
         self._event(self.state.replace(" ", "_"), now_serving=version.fingerprint
                     if version else None, samples=decision.samples,
                     routed=dict(self.routed), rule=decision.rule)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a restarted server needs to go on with this canary (JSON-able): its settings,
+        each arm's running statistics, the looks made, the routing counts and RNG, and the
+        responses still waiting for a reward."""
+        with self._lock:
+            version, internal, gauss = self._rng.getstate()
+            return {"cfg": self.cfg.model_dump(),
+                    "arms": {a: [s.n, s.mean, s.m2] for a, s in self.test.arms.items()},
+                    "decisions": [asdict(d) for d in self.test.decisions],
+                    "routed": dict(self.routed), "served": dict(self.served),
+                    "rng": [version, list(internal), gauss]}
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        for arm, (n, mean, m2) in saved["arms"].items():
+            stats = self.test.arms[arm]
+            stats.n, stats.mean, stats.m2 = int(n), float(mean), float(m2)
+        self.test.decisions = [Decision(**d) for d in saved["decisions"]]
+        self.routed = {k: int(v) for k, v in saved["routed"].items()}
+        self.served = dict(saved["served"])
+        version, internal, gauss = saved["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
 
     def status(self) -> dict[str, Any]:
         t = self.test
