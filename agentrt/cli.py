@@ -284,7 +284,13 @@ def serve_command(
                                                             "equal candidate (0.9)."),
     canary_margin: Optional[float] = typer.Option(None, help="Canary: non-inferiority margin "
                                                              "in reward units (0.05)."),
+    canary_scorer: Optional[str] = typer.Option(None, help="Canary: reward function scoring "
+                                                           "every response (a registered name "
+                                                           "or module:function)."),
     canary_log: Path = typer.Option(Path("canary.jsonl"), help="Canary decisions (JSON lines)."),
+    follow: bool = typer.Option(False, help="TARGET is a run still training (checkpoint.models: "
+                                            "true): serve its newest checkpoint and try each "
+                                            "newer one through a canary."),
     threads: Optional[int] = typer.Option(None, help="torch threads (default: tuned on the "
                                                      "first model at start, see agentrt.runtime.threads)."),
 ) -> None:
@@ -295,7 +301,8 @@ def serve_command(
     canary = {"share": canary_share, "alpha": canary_alpha, "power": canary_power,
               "margin": canary_margin}
     serve(target, adapter or (), base, name, host, port, token, backend, max_batch, max_tokens,
-          canary, canary_log, threads, device, max_request_mb)
+          canary, canary_log, threads, device, max_request_mb, follow=follow,
+          canary_scorer=canary_scorer)
 
 
 policies_app = typer.Typer(no_args_is_help=True,

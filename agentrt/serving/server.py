@@ -72,29 +72,76 @@ def _check_options(backend: str, device: str | None, max_batch: int, max_tokens:
         raise AgentrtError(f"--port {port} is not a TCP port (0-65535; 0: any free port)")
 
 
+def _canary_settings(canary: dict[str, Any] | None, scorer: str | None,
+                     canary_log: Path) -> dict[str, Any]:
+    """The ``--canary-*`` defaults, checked (one error line each)."""
+    canary = canary_defaults(**(canary or {}))
+    if scorer is not None:
+        from agentrt.rewards import resolve_reward
+
+        resolve_reward(scorer, "--canary-scorer")  # an unknown one: refused before any load
+        canary["scorer"] = scorer
+    if canary_log.is_dir():
+        raise AgentrtError(f"--canary-log {canary_log} is a folder; give a file path")
+    return canary
+
+
+def _sources(target: Path, adapters: Sequence[str], base: Path | None, name: str | None,
+             canary: dict[str, Any], follow: bool, poll_s: float) -> tuple[list[Any], Any]:
+    """What to serve, and the :class:`~agentrt.serving.follow.Follower` with ``follow``."""
+    from agentrt.serving.sources import find_sources
+
+    if not follow:
+        return find_sources(target, adapters, base, name), None
+    from agentrt.serving.follow import Follower
+
+    if adapters or name:
+        raise AgentrtError("--follow serves a run's policies: drop --adapter and --name")
+    follower = Follower(target, canary, poll_s)
+    return follower.sources(), follower
+
+
+def _start(sources: list[Any], backend: str, max_batch: int, device: str,
+           threads: int | None) -> tuple[Any, Any]:
+    """Loads the models and starts the batcher (torch threads set, or tuned on its thread)."""
+    from agentrt.runtime.threads import ThreadTuner, forward_probe, set_threads, threads_auto
+    from agentrt.serving.batcher import Batcher
+    from agentrt.serving.host import ModelHost
+
+    set_threads(threads)
+    models = ModelHost(sources, backend, max_batch, device=device)
+    batcher = Batcher(models, max_batch).start()  # its thread takes the count (apply_threads)
+    model = models.probe_model()
+    if threads_auto() and model is not None:  # timed on the thread that generates
+        probe = forward_probe(model, len(models.tokenizer(next(iter(models.current)))))
+        batcher.call(lambda: ThreadTuner(probe, every=0).tune()).result()
+    return models, batcher
+
+
 def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
           name: str | None = None, host: str = "127.0.0.1", port: int = 8000,
           token: str | None = None, backend: str = "hf", max_batch: int = 32,
           max_tokens: int = 64, canary: dict[str, Any] | None = None,
           canary_log: Path = Path("canary.jsonl"), threads: int | None = None,
-          device: str | None = None, max_request_mb: float = 8.0) -> None:
+          device: str | None = None, max_request_mb: float = 8.0, follow: bool = False,
+          follow_poll_s: float = 1.0, canary_scorer: str | None = None) -> None:
     """Serves ``target``'s models until interrupted (see docs/serving.md); ``canary`` holds
     the settings a ``POST /admin/canary`` body leaves out (:func:`canary_defaults`);
     ``threads`` pins torch's threads, None tunes them once on the first model
     (:mod:`agentrt.runtime.threads`); ``device`` (auto, cpu, cuda) places the HF backend's
-    models, None: a run folder's ``model.device``, else auto.
+    models, None: a run folder's ``model.device``, else auto. ``follow``: ``target`` is a run
+    that is still training; its newest checkpoint is served and each newer one tried through a
+    canary (:mod:`agentrt.serving.follow`).
 
     Raises:
         AgentrtError: a bad target, option or port, before anything is loaded or bound.
     """
-    from agentrt.serving.sources import find_sources, run_device
+    from agentrt.serving.sources import run_device
 
     _check_options(backend, device, max_batch, max_tokens, max_request_mb, threads, port)
-    canary = canary_defaults(**(canary or {}))
-    if canary_log.is_dir():
-        raise AgentrtError(f"--canary-log {canary_log} is a folder; give a file path")
+    canary = _canary_settings(canary, canary_scorer, canary_log)
     token = token or os.environ.get(TOKEN_ENV) or None
-    sources = find_sources(target, adapters, base, name)
+    sources, follower = _sources(target, adapters, base, name, canary, follow, follow_poll_s)
     if host not in ("127.0.0.1", "localhost", "::1") and token is None:
         log.warning("listening on %s without a token: anyone who reaches it can generate; "
                     "set %s", host, TOKEN_ENV)
@@ -102,23 +149,17 @@ def serve(target: Path, adapters: Sequence[str] = (), base: Path | None = None,
     import uvicorn
 
     from agentrt.serving.api import Api, started_line
-    from agentrt.serving.batcher import Batcher
-    from agentrt.serving.host import ModelHost
 
-    from agentrt.runtime.threads import ThreadTuner, forward_probe, set_threads, threads_auto
-
-    set_threads(threads)
-    models = ModelHost(sources, backend, max_batch, device=device or run_device(target))
-    batcher = Batcher(models, max_batch).start()  # its thread takes the count (apply_threads)
-    model = models.probe_model()
-    if threads_auto() and model is not None:  # timed on the thread that generates
-        probe = forward_probe(model, len(models.tokenizer(next(iter(models.current)))))
-        batcher.call(lambda: ThreadTuner(probe, every=0).tune()).result()
-    app = Api(models, batcher, token, max_tokens, canary_log=canary_log,
-              canary_defaults=canary, max_body=int(max_request_mb * (1 << 20))).app()
+    models, batcher = _start(sources, backend, max_batch, device or run_device(target), threads)
+    api = Api(models, batcher, token, max_tokens, canary_log=canary_log,
+              canary_defaults=canary, max_body=int(max_request_mb * (1 << 20)))
+    if follower is not None:
+        follower.attach(api)
+    app = api.app(background=follower.run if follower is not None else None)
     url = f"http://{host}:{sock.getsockname()[1]}"
     print(started_line(models, url, backend), file=sys.stdout, flush=True)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(app, log_level="warning", access_log=False,
+                            lifespan="off" if follower is None else "on")
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
