@@ -32,8 +32,9 @@ MACHINE = ("timing_s/", "perf/", "runtime/")
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Head (no CPUs: the driver's node) + node_0 and node_1 (2 CPUs each)."""
-    with LocalRayCluster([{}, {}], cpus_per_node=2) as c:
+    """Head (no CPUs: the driver's node; its dashboard takes `ray job submit`) + node_0 and
+    node_1 (2 CPUs each)."""
+    with LocalRayCluster([{}, {}], cpus_per_node=2, dashboard=True) as c:
         yield c
 
 
@@ -104,24 +105,50 @@ def grpo(run_dir: Path, model_dir: Path, **policy) -> dict:
     }
 
 
+@pytest.fixture(scope="module")
+def local_grpo(tmp_path_factory, tiny_model_dir) -> list[dict]:
+    run_dir = tmp_path_factory.mktemp("grpo_local")
+    Trainer(validate_config(grpo(run_dir, tiny_model_dir), TrainConfig)).run()
+    return RunDir(run_dir).read_metrics()
+
+
 def test_grpo_on_a_chosen_node_of_three_keeps_the_records_of_a_local_run(
-        cluster, tmp_path, tiny_model_dir):
-    cfg = grpo(tmp_path / "cluster", tiny_model_dir, resources={"custom": {"node_1": 0.01}})
+        cluster, tmp_path, tiny_model_dir, local_grpo):
+    cfg = grpo(tmp_path, tiny_model_dir, resources={"custom": {"node_1": 0.01}})
     cfg["runtime"] = {"backend": "ray", "address": cluster.address}
     (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(cfg))
     driver = Driver(cluster, ["train", str(tmp_path / "grpo.yaml")])
     assert node_of(cluster, driver, "policy") == 1  # resources.custom placed it
     driver.finish()
-    Trainer(validate_config(grpo(tmp_path / "local", tiny_model_dir), TrainConfig)).run()
-    rows = RunDir(tmp_path / "cluster").read_metrics()
+    rows = RunDir(tmp_path).read_metrics()
     assert rows[-1]["runtime/worker_restarts"] == 0.0  # a Ray pool, never restarted
-    same_rows(rows, RunDir(tmp_path / "local").read_metrics())
+    same_rows(rows, local_grpo)
+
+
+def test_grpo_through_ray_job_submit_keeps_the_records_of_a_local_run(
+        cluster, tmp_path, tiny_model_dir, local_grpo):
+    """The way a KubeRay RayJob or a verl user starts a run: the driver is the job's entrypoint
+    on the head (runtime.address: auto reads the RAY_ADDRESS the job server sets)."""
+    cfg = grpo(tmp_path / "run", tiny_model_dir)
+    cfg["runtime"] = {"backend": "ray", "address": "auto"}
+    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(cfg))
+    ray = Path(sys.executable).with_name("ray")
+    out = subprocess.run(
+        [str(ray), "job", "submit", "--address", cluster.dashboard_url, "--submission-id",
+         "agentrt-grpo", "--", sys.executable, "-m", "agentrt.cli", "train",
+         str(tmp_path / "grpo.yaml")],
+        env=cluster.environ(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "'agentrt-grpo' succeeded" in out.stdout, \
+        (out.stdout + out.stderr)[-3000:]
+    rows = RunDir(tmp_path / "run").read_metrics()
+    assert "runtime/worker_restarts" in rows[-1]  # its pool was Ray actors
+    same_rows(rows, local_grpo)
 
 
 # ---------------------------------------------------------------------------------- league
 def league(run_dir: Path, *over: str) -> list[str]:
     return [f"run_dir={run_dir}", "progress=false", "threads=1", "warm_start.steps=0",
-            "train.steps=4", "train.games_per_step=32", "eval.every=4", "eval.games=40",
+            "train.steps=4", "train.games_per_step=16", "eval.every=4", "eval.games=20",
             "checkpoint.every=2", *over]
 
 
@@ -152,7 +179,7 @@ def run_league(cluster: LocalRayCluster, run_dir: Path, *over: str) -> Driver:
 
 
 def same_league(run_dir: Path, local: Path) -> list[dict]:
-    assert len(records(local)) == 4 * 32 and records(run_dir) == records(local)
+    assert len(records(local)) == 4 * 16 and records(run_dir) == records(local)
     rows = RunDir(run_dir).read_metrics()
     same_rows(rows, RunDir(local).read_metrics())
     ours, theirs = weights(run_dir), weights(local)

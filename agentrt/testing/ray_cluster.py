@@ -45,16 +45,20 @@ class LocalRayCluster:
         cpus_per_node: CPUs each worker node offers (the head offers none: only the driver and
             Ray's own services run there, as on a head of a real cluster).
         object_store_mb: Object store of each node.
+        dashboard: Start the head's dashboard (its job server: ``ray job submit`` to
+            :attr:`dashboard_url`) on 127.0.0.1.
     """
 
     def __init__(self, workers: list[dict[str, float]], cpus_per_node: int = 1,
-                 object_store_mb: int = 100) -> None:
+                 object_store_mb: int = 100, dashboard: bool = False) -> None:
         self.workers = [{f"node_{i}": 1.0, **res} for i, res in enumerate(workers)]
         self.cpus = cpus_per_node
         self.store_bytes = object_store_mb * 1024 * 1024
         self.tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: socket paths are limited
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.dashboard_port = free_port() if dashboard else None
+        self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}" if dashboard else None
         # What every node and every driver needs: the same token, and Ray's multi-node switch.
         self.env = {"RAY_TMPDIR": self.tmp, "RAY_AUTH_MODE": "token",
                     "RAY_AUTH_TOKEN": secrets.token_hex(32),
@@ -66,11 +70,17 @@ class LocalRayCluster:
     def start(self, timeout_s: float = 120.0) -> LocalRayCluster:
         """Starts the head, then the worker nodes; returns when all of them are alive."""
         try:
+            board = (["--include-dashboard=false"] if self.dashboard_port is None else
+                     ["--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                      f"--dashboard-port={self.dashboard_port}"])
             self.procs.append(self._ray_start(
-                ["--head", f"--port={self.port}", "--num-cpus=0", "--include-dashboard=false",
+                ["--head", f"--port={self.port}", "--num-cpus=0", *board,
                  "--resources", json.dumps({"head": 1.0}),
                  "--system-config", json.dumps(HEALTH_CHECKS)], "head"))
-            self._wait(lambda: self._port_open(), timeout_s, "the head's GCS to listen")
+            self._wait(lambda: self._port_open(self.port), timeout_s, "the head's GCS to listen")
+            if self.dashboard_port is not None:
+                self._wait(lambda: self._port_open(self.dashboard_port), timeout_s,
+                           "the dashboard (job server) to listen")
             for i in range(len(self.workers)):  # one at a time: each raylet's start-up is
                 self.procs.append(self._start_worker(i))  # a few CPU-seconds
                 self._wait(lambda: self.alive_nodes() == i + 2, timeout_s, f"node_{i} to join")
@@ -161,12 +171,13 @@ class LocalRayCluster:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=self.environ(), preexec_fn=child)
 
-    def _port_open(self) -> bool:
+    @staticmethod
+    def _port_open(port: int) -> bool:
         import socket
 
         with socket.socket() as sock:
             sock.settimeout(0.5)
-            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+            return sock.connect_ex(("127.0.0.1", port)) == 0
 
     def _wait(self, cond, timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
