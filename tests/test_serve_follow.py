@@ -22,11 +22,11 @@ from agentrt.serving.follow import Follower
 from tests.test_serve import Server
 
 TOKEN = "follow-token"
-STEPS, EVERY = 40, 4  # the run: 10 checkpoints after step 0
+STEPS, EVERY = 16, 4  # the run: 4 checkpoints after step 0
 SCORER = "def score(prompt, response, info):\n    return 1.0\n"
 
 
-def train_config(run_dir: Path, model_dir: Path, steps: int) -> dict:
+def train_config(run_dir: Path, model_dir: Path, steps: int, paused: bool = False) -> dict:
     return {
         "seed": 0, "run_dir": str(run_dir), "progress": False,
         "task": {"name": "arithmetic", "train_size": 200, "eval_size": 8},
@@ -35,6 +35,10 @@ def train_config(run_dir: Path, model_dir: Path, steps: int) -> dict:
                    "rollout": {"sampling": {"max_new_tokens": 4}}},
         "train": {"steps": steps, "prompts_per_step": 8, "group_size": 4},
         "eval": {"every": steps}, "checkpoint": {"every": EVERY, "keep": 2, "models": True},
+        # held after its step-0 checkpoint until `agentrt ctl RUN resume`, then a step a
+        # second at most: checkpoints keep coming while the server is under load
+        "control": {"enabled": True, "http": {"enabled": True, "port": 0},
+                    "start_paused": paused, "step_interval_s": 1.0 if paused else 0.0},
     }
 
 
@@ -86,7 +90,7 @@ def test_follow_serves_200_concurrent_requests_while_the_run_writes_checkpoints(
         tmp_path, tiny_model_dir, env):
     run_dir = tmp_path / "run"
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(train_config(run_dir, tiny_model_dir,
-                                                                     steps=STEPS)))
+                                                                     STEPS, paused=True)))
     trainer = subprocess.Popen([sys.executable, "-m", "agentrt.cli", "train",
                                 str(tmp_path / "train.yaml")],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -95,6 +99,14 @@ def test_follow_serves_200_concurrent_requests_while_the_run_writes_checkpoints(
         with Server(follow(run_dir, "--canary-share", "0.5", "--canary-margin", "0.5",
                            "--canary-scorer", "follow_scorer:score")) as url:
             newest_at_start = max(steps_of(run_dir))
+            assert newest_at_start == 0  # the run holds until it is resumed
+            deadline = time.monotonic() + 120
+            while not (run_dir / "control.json").is_file():  # its loop is up
+                assert time.monotonic() < deadline and trainer.poll() is None, "no control.json"
+                time.sleep(0.2)
+            resumed = subprocess.run([sys.executable, "-m", "agentrt.cli", "ctl", str(run_dir),
+                                      "resume"], capture_output=True, text=True, timeout=60)
+            assert resumed.returncode == 0, resumed.stdout + resumed.stderr
             waves, answers, failures = 0, [], []
             while trainer.poll() is None or waves < 2:
                 got, failed = wave(url)
