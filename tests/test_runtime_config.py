@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agentrt.config.load import load_config, parse_overrides, validate_config
 from agentrt.core.errors import ConfigError
@@ -57,23 +55,3 @@ def test_overrides_index_list_sections():
         load_config(league, ["policies.3.optim.lr=3e-4"], TournamentRunConfig)
 
 
-def test_kuberay_manifest_parses_into_a_gpu_cluster_and_a_job():
-    docs = list(yaml.safe_load_all((CLUSTER / "raycluster.yaml").read_text()))
-    kinds = {d["kind"]: d for d in docs}
-    assert set(kinds) == {"RayCluster", "RayJob"}
-    assert all(d["apiVersion"] == "ray.io/v1" for d in docs)
-    cluster, job = kinds["RayCluster"], kinds["RayJob"]
-    worker = cluster["spec"]["workerGroupSpecs"][0]
-    limits = worker["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits["nvidia.com/gpu"] == "1" and worker["replicas"] >= 2
-    assert job["spec"]["clusterSelector"]["ray.io/cluster"] == cluster["metadata"]["name"]
-    assert job["spec"]["entrypoint"].startswith("agentrt train ")
-
-
-def test_slurm_script_is_valid_bash_that_starts_ray_and_joins_it():
-    script = CLUSTER / "slurm.sh"
-    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    text = script.read_text()
-    assert "ray start --head" in text and "ray start --address=" in text
-    assert "agentrt train" in text and "runtime.address=" in text
