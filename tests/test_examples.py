@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -120,6 +121,16 @@ EXAMPLE_RUNS = {
         "policy.resources.cpus_per_worker=1", "policy.resources.gpus_per_worker=0",
         "train.steps=1", "train.prompts_per_step=4", "train.group_size=2", "task.eval_size=8",
         "eval.every=1", "checkpoint.every=1"]),
+    # in this process: the Ray run of a cluster config is the one above (and tests/test_multinode.py)
+    "cluster/league_cluster.yaml": ("tournament run", [
+        *SHORT_LEAGUE, "runtime.backend=local", "runtime.address=null",
+        *(f"policies.{i}.resources.{k}" for i in (0, 1)
+          for k in ("num_workers=1", "cpus_per_worker=1", "gpus_per_worker=0"))]),
+    "cluster/decompose_cluster.yaml": ("decompose run", [
+        "sft.steps=2", "policies.0.sft_steps=2", "train.steps=1", "train.tasks_per_step=4",
+        "train.group_size=2", "eval.size=4", "family.train_size=50", "family.eval_size=4",
+        "runtime.backend=local", "runtime.address=null",
+        *(f"policies.{i}.resources.gpus_per_worker=0" for i in (0, 1, 2))]),
 }
 
 
@@ -142,7 +153,10 @@ def test_example_runs_as_written(name: str, demo, tiny_model_dir, tmp_path: Path
         assert league.returncode == 0, league.stderr[-3000:]
         overrides.append(f"policies.0.model.path={demo_dir / 'final_models' / 'lm'}")
     if name.startswith("cluster/"):  # shared storage and a cluster's model: this machine's
-        overrides.append(f"policy.model.path={tiny_model_dir}")
+        data = yaml.safe_load((EXAMPLES / name).read_text())
+        overrides += ([f"policy.model.path={tiny_model_dir}"] if "policy" in data else
+                      [f"policies.{i}.model.path={tiny_model_dir}"
+                       for i in range(len(data["policies"]))])
     if name == "grpo_parquet.yaml":  # the file examples/make_prompts_parquet.py writes, smaller
         proc = run([sys.executable, "examples/make_prompts_parquet.py", "--rows", "300",
                     "--out", str(tmp_path / "prompts.parquet")])
