@@ -34,9 +34,11 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_every_example_passes(path: Path, monkeypatch, capsys, request) -> None:
     args = ["check-config", str(path)]
-    model = {"grpo_cluster.yaml": "policy",  # its model lives on the cluster's shared storage
-             "ttt_eval.yaml": "policies.0"}.get(path.name)  # the model ttt_league.yaml trains
-    if model is not None:
+    # cluster configs: their model lives on the cluster's shared storage
+    models = {"grpo_cluster.yaml": ["policy"], "league_cluster.yaml": ["policies.0", "policies.1"],
+              "decompose_cluster.yaml": [f"policies.{i}" for i in range(3)],
+              "ttt_eval.yaml": ["policies.0"]}.get(path.name, [])  # what ttt_league.yaml trains
+    for model in models:
         args += ["--set", f"{model}.model.path={request.getfixturevalue('tiny_model_dir')}"]
     if path.name == "grpo_parquet.yaml":  # its file is written by examples/make_prompts_parquet
         from test_prompt_data import prompts_parquet

@@ -22,7 +22,7 @@ from agentrt.serving.follow import Follower
 from tests.test_serve import Server
 
 TOKEN = "follow-token"
-STEPS, EVERY = 16, 4  # the run: 4 checkpoints after step 0
+STEPS, EVERY = 12, 4  # the run: 3 checkpoints after step 0
 SCORER = "def score(prompt, response, info):\n    return 1.0\n"
 
 
