@@ -22,7 +22,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 import yaml
 
 from agentrt.controller.checkpoint import MANIFEST, MODELS
+from agentrt.controller.run_dir import STEP_FOLDER
 from agentrt.core.errors import AgentrtError
 from agentrt.serving.api import Api
 from agentrt.serving.canary import CanaryConfig, CanaryRun
@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 
 FOLDER = "serve_follow"
 STATE = "follow.json"
-STEP = re.compile(r"step_(\d+)")
 
 
 def newest_models(run_dir: Path) -> dict[str, tuple[int, Path]]:
@@ -50,7 +49,7 @@ def newest_models(run_dir: Path) -> dict[str, tuple[int, Path]]:
     found: dict[str, tuple[int, Path]] = {}
     ckpts = run_dir / "checkpoints"
     steps = sorted(((int(m[1]), p) for p in (ckpts.iterdir() if ckpts.is_dir() else [])
-                    if (m := STEP.fullmatch(p.name))), reverse=True)
+                    if (m := STEP_FOLDER.fullmatch(p.name))), reverse=True)
     for step, folder in steps:
         try:
             if not (folder / MANIFEST).is_file():
