@@ -90,6 +90,49 @@ def same_rows(a: list[dict], b: list[dict]) -> None:
             assert ra[key] == pytest.approx(value, abs=1e-5), (ra["step"], key)
 
 
+# ------------------------------------------------------------------------- lost results
+# A driver that calls an actor on node_1 and waits until its result (1 MB: kept in node_1's
+# object store, not inlined) is made; node_1 is then lost before the driver fetched it.
+LOST_RESULT = """
+import sys, numpy as np, ray
+from agentrt.runtime.ray_pool import WorkerLost, gather
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+@ray.remote(num_cpus=0.01, resources={"node_1": 0.01}, max_restarts=0)
+class Maker:
+    def make(self):
+        return np.ones(1 << 18, dtype=np.float32)
+ref = Maker.remote().make.remote()
+ray.wait([ref], num_returns=1, fetch_local=False)
+print("ready", flush=True)
+sys.stdin.readline()  # the node is killed now
+try:
+    gather([ref], timeout_s=30)
+    print("fetched")
+except WorkerLost as exc:
+    print("WorkerLost", str(exc).splitlines()[0][:80])
+"""
+
+
+def test_a_result_lost_with_its_node_before_it_was_fetched_is_a_lost_worker(cluster):
+    """The pool's gather reads such a loss (Ray's ObjectLostError: an actor's result cannot be
+    made again) as a lost worker, which the pool recovers from, instead of failing the run with
+    Ray's error: a CI run's node kill fell between the PPO worker's reply and the driver's
+    fetch (its gather also fetched every result a second time, after the loop: once now)."""
+    proc = subprocess.Popen([sys.executable, "-c", LOST_RESULT, cluster.address],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=cluster.environ())
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        cluster.kill_node(1)
+        out, _ = proc.communicate("go\n", timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cluster.restart_node(1)
+    last = out.strip().splitlines()[-1]  # Ray prints the node's death to stdout before it
+    assert last.startswith("WorkerLost worker 0 died: Failed to retrieve object"), out
+
+
 # ---------------------------------------------------------------------------------- GRPO
 def grpo(run_dir: Path, model_dir: Path, **policy) -> dict:
     return {

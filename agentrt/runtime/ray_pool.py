@@ -67,6 +67,48 @@ def is_loopback(host: str) -> bool:
     return (mapped or ip).is_loopback
 
 
+def gather(refs: list[Any], timeout_s: float) -> list[Any]:
+    """The results of one call on every worker, or :class:`WorkerLost` as soon as one died.
+
+    Waits one result at a time so that a dead worker is seen at once, not after its peers time
+    out in a collective (``timeout_s``). A result is fetched as soon as it is ready: a large one
+    lives on its worker's node until then, and a node lost in between takes it along
+    (``ObjectLostError``: the worker that made it is gone, so it is a lost worker too).
+    """
+    import ray
+    from ray.exceptions import ObjectLostError, OutOfMemoryError, RayActorError, RayTaskError
+
+    results: dict[int, Any] = {}
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        i = refs.index(done[0])
+        try:
+            results[i] = ray.get(done[0])
+        except (RayActorError, OutOfMemoryError, ObjectLostError) as exc:
+            raise WorkerLost(f"worker {i} died: {exc}") from exc
+        except RayTaskError as exc:  # a peer died inside a collective, or a real bug
+            if _peer_died(pending, timeout_s):
+                raise WorkerLost(f"worker {i} lost a peer: {exc}") from exc
+            raise
+    return [results[i] for i in range(len(refs))]
+
+
+def _peer_died(pending: list[Any], timeout_s: float) -> bool:
+    import ray
+    from ray.exceptions import RayActorError, RayError
+
+    done, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout_s)
+    for ref in done:
+        try:
+            ray.get(ref)
+        except RayActorError:
+            return True
+        except RayError:
+            continue
+    return len(done) < len(pending)
+
+
 class PolicyPool(BasePool):
     """A pool of Ray actors, one :class:`~agentrt.runtime.worker.PolicyWorker` per data-parallel worker.
 
@@ -186,43 +228,7 @@ class PolicyPool(BasePool):
 
     def _call_each(self, method: WorkerMethod, args: list[tuple]) -> list[Any]:
         refs = [method(w).remote(*a) for w, a in zip(self.workers, args)]
-        return self._gather(refs)
-
-    def _gather(self, refs: list[Any]) -> list[Any]:
-        """All results, or :class:`WorkerLost` as soon as a worker died.
-
-        Waits one result at a time so that a dead worker is seen at once, not after its peers
-        time out in a collective; ``ray.get`` of a finished object does not block.
-        """
-        import ray
-        from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
-
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            try:
-                ray.get(done[0])
-            except (RayActorError, OutOfMemoryError) as exc:
-                raise WorkerLost(f"worker {refs.index(done[0])} died: {exc}") from exc
-            except RayTaskError as exc:  # a peer died inside a collective, or a real bug
-                if self._peer_died(pending):
-                    raise WorkerLost(f"worker {refs.index(done[0])} lost a peer: {exc}") from exc
-                raise
-        return ray.get(refs)
-
-    def _peer_died(self, pending: list[Any]) -> bool:
-        import ray
-        from ray.exceptions import RayActorError, RayError
-
-        done, _ = ray.wait(pending, num_returns=len(pending), timeout=self.timeout_s)
-        for ref in done:
-            try:
-                ray.get(ref)
-            except RayActorError:
-                return True
-            except RayError:
-                continue
-        return len(done) < len(pending)
+        return gather(refs, self.timeout_s)
 
     # ------------------------------------------------------------------ recovery
     def _guarded(self, impl: Callable[..., Any], *args: Any, journal: bool = True) -> Any:
