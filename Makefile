@@ -15,8 +15,11 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 # Reinstall only when the dependency list changes; the package itself is editable.
+# The rollout's C++ attention kernel is built now where a C++ compiler is (else decoding uses
+# SDPA: same tokens, slower; `make system-packages` installs g++).
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/python -c "from agentrt.runtime.rollout import kernels; kernels.build()"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -43,12 +46,13 @@ demo-grpo: $(STAMP)
 	$(BIN)/agentrt train examples/arith_grpo.yaml
 
 # Memory tests start their own real redis-server on 127.0.0.1 (openssl makes its TLS test
-# certificates); the report tests drive Debian's chromium with playwright. Install Debian's
+# certificates); the report tests drive Debian's chromium with playwright; g++ builds the
+# rollout's attention kernel and what torch.compile (policy.compile) writes. Install Debian's
 # packages when missing.
 system-packages:
-	@(command -v redis-server && command -v openssl) >/dev/null || (apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-		redis-server openssl)
+	@(command -v redis-server && command -v openssl && command -v g++) >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends redis-server openssl g++)
 	@command -v chromium >/dev/null || (apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 

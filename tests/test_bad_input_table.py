@@ -271,6 +271,30 @@ def test_bad_config(name: str, tmp_path: Path, monkeypatch, capsys) -> None:
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("kind,field", [("train", "policy.compile"),
+                                        ("tournament", "policies.0.compile"),
+                                        ("decompose", "policies.1.compile")])
+def test_compile_without_a_compiler(kind: str, field: str, tmp_path: Path, monkeypatch,
+                                    capsys) -> None:
+    """``compile: true`` on a machine with no C++ compiler (``CXX`` names none) is one line at
+    check time, naming the field and what to install, not inductor's error at the first
+    update."""
+    data = yaml.safe_load(yaml.safe_dump(BASE[kind]))
+    _set(data, field, True)
+    path = tmp_path / "compile.yaml"
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    before = snapshot(tmp_path)
+    for args in (["check-config", str(path), "--no-prompt"],
+                 [*COMMAND[kind], str(path), "--set", f"run_dir={tmp_path / 'run'}"]):
+        assert_one_line(*run_cli(monkeypatch, capsys, *args),
+                        f"{field}: torch.compile builds C++ and needs a C++ compiler")
+    assert snapshot(tmp_path) == before
+    monkeypatch.delenv("CXX")  # with one (g++ here), the same config checks
+    assert run_cli(monkeypatch, capsys, "check-config", str(path), "--no-prompt")[0] == 0
+
+
 def test_counts(capsys) -> None:
     """Issue 41, must-shows 2 and 3: >= 250 bad inputs across every command (configs of every
     kind, serve's command line here, ctl's against a live run in test_control.py) and >= 60

@@ -7,9 +7,11 @@ instructions (AVX-512 BF16 or AMX); elsewhere the tests check the ``F.linear`` f
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +24,7 @@ from agentrt.runtime.rollout import kernels, packed
 from agentrt.runtime.rollout.static import StaticDecoder
 
 
+ROOT = Path(__file__).resolve().parents[1]
 # whether oneDNN runs bf16 linears on this CPU
 BF16_PACKS = packed.packable(torch.zeros(2, 2, dtype=torch.bfloat16))
 
@@ -83,6 +86,48 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_process(tmp_path):
                              text=True, timeout=600)
         assert out.stdout.startswith("True"), out.stderr[-2000:]
     assert f"{kernels.build_name()}.so" in out.stdout and "tmp" not in out.stdout, out.stdout
+
+
+def greedy(model_dir) -> list[list[int]]:
+    """llama-tiny's greedy tokens for 6 prompts, by the static decoder (fp32)."""
+    model, tok = load_model(model_dir)
+    ids = torch.randint(3, 250, (6, 5), generator=torch.Generator().manual_seed(0))
+    tokens, _ = StaticDecoder(model.eval(), tok.pad_token_id, -1).generate(
+        ids, torch.ones_like(ids), SamplingConfig(temperature=0.0, max_new_tokens=12))
+    return tokens.tolist()
+
+
+def test_without_a_compiler_decoding_falls_back_to_sdpa_with_one_warning(tmp_path,
+                                                                        tiny_model_dir):
+    """No C++ compiler (``CXX`` names none; a fresh build folder): the kernel is not built, one
+    warning line says why and what to install, and greedy decoding gives the kernel's tokens."""
+    code = ("import json, sys; from agentrt.runtime.rollout import kernels; "
+            "from tests.test_rollout_kernels import greedy; "
+            "print(json.dumps([kernels.available(), greedy(sys.argv[1])]))")
+    out = subprocess.run([sys.executable, "-c", code, str(tiny_model_dir)], capture_output=True,
+                         text=True, timeout=600, cwd=ROOT, env={
+                             **os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path),
+                             "CXX": str(tmp_path / "no-such-g++")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    built, tokens = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not built and kernels.available()
+    assert tokens == greedy(tiny_model_dir)  # here with the kernel
+    warned = [line for line in out.stderr.splitlines() if "kernel was not built" in line]
+    assert len(warned) == 1 and "no C++ compiler" in warned[0] and "g++" in warned[0], out.stderr
+    assert "WARNING !!" not in out.stderr  # torch's own compiler warning is not reached
+
+
+def test_the_build_is_keyed_by_torch_version_and_the_full_instruction_set(monkeypatch):
+    """A shared home folder sees other CPUs and other torch builds: each gets a build of its
+    own, not one keyed by the AVX level only."""
+    name, flags = kernels.build_name(), kernels.cpu_flags()
+    assert "avx2" in flags.split() or "asimd" in flags.split()  # read from /proc/cpuinfo
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: flags.rsplit(" ", 1)[0])
+    other_cpu = kernels.build_name()  # the same AVX level, one instruction less
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "__version__", "2.99.0+cpu")
+    other_torch = kernels.build_name()
+    assert len({name, other_cpu, other_torch}) == 3
 
 
 def test_cache_attention_refuses_what_it_cannot_run():

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from agentrt.config.sections import PolicyConfig
+from agentrt.core.compiler import require_compiler
 from agentrt.core.device import autocast_for
 from agentrt.core.types import TrainBatch
 from agentrt.runtime.packing import (Forward, Layout, layout, packed_attention, plan_micro_batches,
@@ -61,6 +62,8 @@ class ForwardPasses:
         # policy.compile: forward passes with gradients (the update's) call the model through
         # torch.compile, dynamic shapes as every update's packed rows differ; the no-grad
         # log-prob passes (recompute, reference: weights swapped in) and the rollout stay eager.
+        if cfg.compile:  # checked at check time; again for a config built in Python
+            require_compiler(f"policy {cfg.id!r}: compile")
         self.compiled = torch.compile(shared.model, dynamic=True) if cfg.compile else None
 
     def reconfigure(self, cfg: PolicyConfig) -> None:

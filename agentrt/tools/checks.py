@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field, create_model
 from agentrt.config.context import check_contexts
 from agentrt.config.load import read_config, validate_config
 from agentrt.config.sections import Section
+from agentrt.core.compiler import require_compiler
 from agentrt.core.errors import ConfigError
 from agentrt.core.plugins import config_imports, import_paths, load_plugins
 from agentrt.core.registry import import_callable
@@ -127,7 +128,8 @@ def load_checked(path: str | Path, overrides: Sequence[str] | None = None,
 
 
 def resolve(kind: str, cfg: Any) -> None:
-    """Checks the references a config's model cannot: rewards, model folders, tool functions.
+    """Checks what a config's model cannot: rewards, model folders, tool functions, a C++
+    compiler for ``compile: true``.
 
     Raises:
         ConfigError: "<field>: <what is wrong>; <how to fix it>".
@@ -138,11 +140,15 @@ def resolve(kind: str, cfg: Any) -> None:
 
         check_reward(cfg.reward)  # functions import, model folders classify, services answer
         check_model_path("policy.model.path", cfg.policy.model.path)
+        if cfg.policy.compile:
+            require_compiler("policy.compile")
         check_contexts(cfg)
         check_source(cfg.task)  # a data file's mapped columns
         return
     for i, policy in enumerate(cfg.policies):
         check_model_path(f"policies.{i}.model.path", policy.model.path)
+        if policy.compile:
+            require_compiler(f"policies.{i}.compile")
     check_contexts(cfg)
     for i, tool in enumerate(getattr(cfg, "tools", ())):
         import_callable(tool.fn, f"tools.{i}.fn")

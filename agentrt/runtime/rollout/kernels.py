@@ -9,10 +9,10 @@ block (the hardware prefetcher stops at every short block of the cache): llama-s
 rows, bf16, compiled, the attention of a generate call 49 -> 21-28 ms of ~180-200 ms
 (docs/performance.md). The prefill's queries (a few per row, causal mask) go through it too.
 
-Built on first use with torch's C++ extension loader (ninja and the C++ compiler that
+Built by ``make install`` where a C++ compiler is (:func:`build`), else on first use, with torch's C++ extension loader (ninja and the C++ compiler that
 torch.compile needs anyway; ~20 s once, cached under ``TORCH_EXTENSIONS_DIR``). Where it
-cannot be built, :func:`available` is False (and says why in the log) and the decoder keeps
-SDPA, the compiled step its tensor-op attention.
+cannot be built, :func:`available` is False (and says why in one warning) and the decoder keeps
+SDPA, the compiled step its tensor-op attention: the same tokens, slower.
 """
 
 from __future__ import annotations
@@ -20,16 +20,20 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import platform
 import tempfile
 import threading
 from pathlib import Path
 
 import torch
 
+from agentrt.core.compiler import extension_compiler
+
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cache_attention.cpp")
 _lock = threading.Lock()
 _loaded: list[bool] = []  # the first call's answer, read without the lock afterwards
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 
 def available() -> bool:
@@ -43,9 +47,25 @@ def available() -> bool:
 
 
 def build_name() -> str:
-    """The extension's name: one per source and instruction set."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    """The extension's name: one per source, compiler flags, torch version (its ABI) and the
+    CPU's full instruction set (``-march=native``: a home folder shared by machines of two CPU
+    models that both report AVX-512 must not load one's build on the other)."""
+    key = "\n".join([SOURCE.read_text(), " ".join(CFLAGS), torch.__version__, cpu_flags()])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return f"agentrt_cache_attention_{torch.backends.cpu.get_cpu_capability().lower()}_{digest}"
+
+
+def cpu_flags() -> str:
+    """The CPU's instruction-set flags, sorted (``/proc/cpuinfo``'s ``flags``, ``Features`` on
+    ARM); elsewhere the machine and processor names."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                return " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}"
 
 
 def _load() -> bool:
@@ -57,6 +77,12 @@ def _load() -> bool:
     # lock file that a process killed mid-build (kill -9 of a worker) leaves behind, and every
     # later load waits on it forever.
     name = build_name()
+    if extension_compiler() is None:
+        log.warning("the cache attention kernel was not built: no C++ compiler (%s); attention "
+                    "runs as SDPA or tensor ops (same tokens, slower decoding); install g++ "
+                    "(make system-packages)", f"CXX={os.environ['CXX']!r} not found"
+                    if os.environ.get("CXX") else "no c++ on PATH")
+        return False
     try:
         folder = Path(cpp_extension._get_build_directory(name, verbose=False))
         built = folder / f"{name}.so"
@@ -65,13 +91,15 @@ def _load() -> bool:
         else:
             with tempfile.TemporaryDirectory(dir=folder) as own:
                 cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=own,
-                                   extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                                   extra_cflags=CFLAGS,
                                    extra_ldflags=["-fopenmp"], is_python_module=False,
                                    verbose=False)
                 os.replace(Path(own) / f"{name}.so", built)
-    except Exception as e:  # no compiler, no ninja: SDPA and the tensor-op attention still run
+    except Exception as e:  # no ninja, a failed build: SDPA and the tensor-op attention run
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         log.warning("the cache attention kernel was not built (%s: %s); attention runs as "
-                    "SDPA or tensor ops", type(e).__name__, e)
+                    "SDPA or tensor ops (same tokens, slower decoding)", type(e).__name__, first)
+        log.debug("the kernel's build failed", exc_info=True)
         return False
     torch.library.register_fake("agentrt_kernels::cache_attention")(_fake)
     return True
@@ -97,3 +125,12 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     dimension contiguous); fp32 scores and sums; [b, heads, s, d] in the cache's dtype. A key
     no query may see is not read. Needs :func:`available`."""
     return torch.ops.agentrt_kernels.cache_attention(q, k_cache, v_cache, attend, scale)
+
+
+def build() -> None:
+    """``make install``: builds the kernel now, printing one line (its warning says why when
+    it cannot be built; an install never fails on it)."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    built = available()
+    print(f"agentrt: cache attention kernel {'built' if built else 'not built'} "
+          f"({build_name()}){'' if built else '; decoding uses SDPA (slower, same tokens)'}")
