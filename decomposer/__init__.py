@@ -9,13 +9,14 @@ policy, the planner and every specialist trained (docs/decomposer.md).
 """
 
 from agentrt.decomposer.plan import Plan, PlanError, Step, format_plan, parse_plan
-from agentrt.decomposer.sdk import (FAMILIES, WHOLE, FamilyOptions, StepContext, SubtaskType,
-                                    Task, TaskFamily, Verdict, make_family)
+from agentrt.decomposer.sdk import (FAMILIES, WHOLE, FamilyOptions, HiddenFieldError,
+                                    StepContext, SubtaskType, Task, TaskFamily, Verdict,
+                                    make_family, visible)
 
 # Registers the built-in families (word chains, event plans) in FAMILIES: every module of the
 # package, sdk included, is imported after this file, so make_family always finds them.
 from agentrt.decomposer.families import eventplan, wordchain  # noqa: F401
 
-__all__ = ["FAMILIES", "WHOLE", "FamilyOptions", "Plan", "PlanError", "Step", "StepContext",
-           "SubtaskType", "Task", "TaskFamily", "Verdict", "format_plan", "make_family",
-           "parse_plan"]
+__all__ = ["FAMILIES", "WHOLE", "FamilyOptions", "HiddenFieldError", "Plan", "PlanError", "Step",
+           "StepContext", "SubtaskType", "Task", "TaskFamily", "Verdict", "format_plan",
+           "make_family", "parse_plan", "visible"]

@@ -27,7 +27,8 @@ import json
 from typing import Any, Literal
 
 from agentrt.decomposer.plan import Plan, PlanError, Step, parse_plan
-from agentrt.decomposer.sdk import WHOLE, StepContext, Task, TaskFamily, Verdict, as_verdict
+from agentrt.decomposer.sdk import (WHOLE, StepContext, Task, TaskFamily, Verdict, as_verdict,
+                                    visible)
 from agentrt.decomposer.sdk import make_family
 from agentrt.envs.core import MultiAgentEnv, TextEnv, action_text, clean_text
 
@@ -108,7 +109,7 @@ class ChainEnv(MultiAgentEnv):
             self.agent_selection = PLANNER
         else:
             plan = Plan((Step(0, WHOLE),), WHOLE) if self.planner == "single" else \
-                self.family.rule_plan(self.task)
+                self.family.rule_plan(visible(self.task))
             self._start(plan)
 
     def _start(self, plan: Plan) -> None:
@@ -127,9 +128,12 @@ class ChainEnv(MultiAgentEnv):
         assert self.plan is not None
         return self.plan.steps[self.cursor]
 
-    def context(self) -> StepContext:
+    def context(self, seen: bool = False) -> StepContext:
+        """The current step's context; ``seen``: with the task as observations read it (its
+        data sealed), not as verifiers do."""
         assert self.plan is not None
-        return StepContext(self.task, self.step_now, self.plan, dict(self.outputs))
+        task = visible(self.task) if seen else self.task
+        return StepContext(task, self.step_now, self.plan, dict(self.outputs))
 
     def subtask(self, agent: str | None = None) -> str | None:
         """The subtask type ``agent`` (default: the agent to move) works on (None: the planner or
@@ -166,10 +170,10 @@ class ChainEnv(MultiAgentEnv):
 
     def _observe(self, agent: str) -> str:
         if agent == PLANNER:
-            return self.family.planner_prompt(self.task)
+            return self.family.planner_prompt(visible(self.task))
         if self._done or agent != self.agent_selection or self.plan is None:
             return ""
-        obs = self.family.types[self.step_now.type].observe(self.context())
+        obs = self.family.types[self.step_now.type].observe(self.context(seen=True))
         return f"{self.note}\n{obs}" if self.note else obs
 
     def _apply(self, agent: str, move: Any) -> None:
@@ -290,7 +294,7 @@ class WholeTaskEnv(TextEnv):
             index = int(self.np_random.integers(len(self.tasks)))
         self.task = self.tasks[int(index) % len(self.tasks)]
         self._over = False
-        return self._obs(self.family.whole_prompt(self.task)), {"task_id": self.task.id}
+        return self._obs(self.family.whole_prompt(visible(self.task))), {"task_id": self.task.id}
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._over or self.task is None:

@@ -2,14 +2,19 @@
 
 A *task family* generates long tasks from seeds (with a disjoint held-out split), knows how a rule
 planner splits a task into subtasks, and verifies a whole task's answer. A *subtask type* is what
-a specialist policy does: a goal, an observation builder (the task plus the outputs of the steps
-it reads), a verifier, a reference answer for SFT demonstrations and a token budget::
+a specialist policy does: a goal, an observation builder (the task's text plus the outputs of the
+steps it reads), a verifier, a reference answer for SFT demonstrations and a token budget.
+
+A task's ``data`` holds the facts its verifiers check (the answer among them). Planners and
+observation builders read only ``task.text`` and earlier outputs, as a generalist reads only the
+text: they get the task with its data sealed (:func:`visible`), and a read is a
+:class:`HiddenFieldError`. Verifiers and references read ``task.data``::
 
     from agentrt.decomposer import FAMILIES, SubtaskType, TaskFamily, Task, Verdict, Plan
 
     double = SubtaskType(
         "double", goal="double the number",
-        observe=lambda ctx: f"double {ctx.task.data['x']}",
+        observe=lambda ctx: f"double {ctx.task.text.split()[-1].rstrip('?')}",
         verify=lambda ctx, out: out.strip() == str(2 * ctx.task.data["x"]),
         reference=lambda ctx: str(2 * ctx.task.data["x"]),
         max_tokens=4)
@@ -36,10 +41,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from pydantic import BaseModel
 
+from agentrt.core.errors import AgentrtError
 from agentrt.decomposer.plan import Plan, Step
 from agentrt.core.registry import Registry
 from agentrt.core.schema import ConfigModel
@@ -78,6 +84,39 @@ class Task:
     id: str
     text: str
     data: Mapping[str, Any] = field(default_factory=dict)
+
+
+class HiddenFieldError(AgentrtError):
+    """A planner or an observation builder read ``task.data``: only verifiers and references
+    may (a generalist reads nothing but the task's text, so a decomposer must not either)."""
+
+
+class _Sealed(Mapping[str, Any]):
+    """``task.data`` as planners and observation builders get it: every read is an error."""
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+
+    def _refuse(self, what: str) -> HiddenFieldError:
+        return HiddenFieldError(
+            f"task {self.task_id}: {what} of the task's hidden data was read by a planner or an "
+            "observation builder; they may read only task.text and earlier steps' outputs "
+            "(ctx.inputs, ctx.output_of); verifiers and references read task.data")
+
+    def __getitem__(self, key: str) -> Any:
+        raise self._refuse(f"field {key!r}")
+
+    def __iter__(self) -> Iterator[str]:
+        raise self._refuse("the fields")
+
+    def __len__(self) -> int:
+        raise self._refuse("the size")
+
+
+def visible(task: Task) -> Task:
+    """What a planner, the router and a specialist's observation may read of ``task``: its id
+    and text, its data sealed (:class:`HiddenFieldError` on any read)."""
+    return task if isinstance(task.data, _Sealed) else Task(task.id, task.text, _Sealed(task.id))
 
 
 @dataclass
@@ -168,7 +207,8 @@ class TaskFamily:
         raise NotImplementedError
 
     def rule_plan(self, task: Task) -> Plan:
-        """The template planner's plan of ``task``."""
+        """The rule planner's plan of ``task``, from its text (its data is sealed: see
+        :func:`visible`)."""
         raise NotImplementedError
 
     def verify(self, task: Task, answer: str) -> Verdict | bool | float:
@@ -181,7 +221,7 @@ class TaskFamily:
         return outputs.get(plan.steps[-1].id, "") if plan.steps else ""
 
     def whole_prompt(self, task: Task) -> str:
-        """What a generalist reads to do the whole task in one answer."""
+        """What a generalist reads to do the whole task in one answer (the text only)."""
         return f"solve: {task.text}\n"
 
     def planner_prompt(self, task: Task) -> str:
@@ -190,7 +230,7 @@ class TaskFamily:
 
     def answer_of(self, task: Task) -> str:
         """The reference answer of the whole task: the rule plan run on reference outputs."""
-        plan = self.rule_plan(task)
+        plan = self.rule_plan(visible(task))
         return self.answer(task, plan, self.reference_outputs(task, plan))
 
     def reference_outputs(self, task: Task, plan: Plan) -> dict[int, str]:
@@ -205,14 +245,15 @@ class TaskFamily:
         """SFT rows ``(who, observation, target)`` of ``task``: the planner's (who "planner",
         the rule plan), each step of the rule plan on reference inputs (who: its type) and the
         whole task (who :data:`WHOLE`). Observations are exactly what ``Decompose-v0`` shows."""
-        plan = self.rule_plan(task)
+        seen = visible(task)  # what the planner and the specialists read: the text
+        plan = self.rule_plan(seen)
         outputs = self.reference_outputs(task, plan)
-        rows = [("planner", self.planner_prompt(task), plan.text)]
+        rows = [("planner", self.planner_prompt(seen), plan.text)]
         for step in plan.steps:
             done = {s.id: outputs[s.id] for s in plan.steps[:plan.steps.index(step)]}
-            ctx = StepContext(task, step, plan, done)
+            ctx = StepContext(seen, step, plan, done)
             rows.append((step.type, self.types[step.type].observe(ctx), outputs[step.id]))
-        rows.append((WHOLE, self.whole_prompt(task), self.answer(task, plan, outputs)))
+        rows.append((WHOLE, self.whole_prompt(seen), self.answer(task, plan, outputs)))
         return rows
 
     def splits(self, train_size: int, eval_size: int, seed: int) -> tuple[list[Task], list[Task]]:

@@ -2,7 +2,8 @@
 
 The task: "sum of the 2 largest of 3 8 5 1". The rule plan is ``sort > top > sum``: a sorter
 orders the numbers, a picker keeps the first k, an adder sums them; each step is verified on what
-its own observation shows, and the whole task's answer is the last step's output.
+its own observation shows, and the whole task's answer is the last step's output. Observations
+read the task's text (its data, the facts the verifiers check, is sealed for them).
 
     .venv/bin/python examples/custom_family.py            # trains a sorter and a calculator
 """
@@ -22,13 +23,19 @@ def numbers(text: str) -> list[int] | None:
     return [int(p) for p in parts] if parts and all(p.isdigit() for p in parts) else None
 
 
+def read(text: str) -> tuple[int, list[int]]:
+    """(k, numbers) of "sum of the <k> largest of <numbers>"."""
+    words = text.split()
+    return int(words[3]), [int(w) for w in words[6:]]
+
+
 def _sort_verify(ctx: StepContext, out: str) -> Verdict:
     want = sorted(ctx.task.data["xs"], reverse=True)
     return Verdict(numbers(out) == want, f"expected {' '.join(map(str, want))}")
 
 
 def _top_observe(ctx: StepContext) -> str:
-    return f"top {ctx.task.data['k']} of {ctx.inputs[0].strip()}\n"
+    return f"top {read(ctx.task.text)[0]} of {ctx.inputs[0].strip()}\n"
 
 
 def _top_reference(ctx: StepContext) -> str:
@@ -42,7 +49,7 @@ def _sum_verify(ctx: StepContext, out: str) -> Verdict:
 
 
 SORT = SubtaskType("sort", "the numbers from largest to smallest",
-                   observe=lambda ctx: f"sort {' '.join(map(str, ctx.task.data['xs']))}\n",
+                   observe=lambda ctx: f"sort {' '.join(map(str, read(ctx.task.text)[1]))}\n",
                    verify=_sort_verify,
                    reference=lambda ctx: " ".join(map(str, sorted(ctx.task.data["xs"],
                                                                   reverse=True))),

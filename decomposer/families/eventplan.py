@@ -52,8 +52,32 @@ class EventPlanOptions(FamilyOptions):
 
 # ---------------------------------------------------------------------- task facts
 def _catalog(task: Task) -> dict[str, tuple[int, int]]:
-    """Product -> (price, minutes)."""
+    """Product -> (price, minutes), from the task's data (verifiers and references)."""
     return {name: (price, minutes) for name, price, minutes in task.data["products"]}
+
+
+_TEXT = re.compile(r"sell (\d+) in (\d+)m for \$(\d+), (.+?): (.+)")
+_LISTED = re.compile(r"([a-z]+) \$(\d+) (\d+)m")
+
+
+def read_task(text: str) -> dict[str, Any]:
+    """The facts a task's text states, in ``data``'s shape ("sell 3 in 8m for $18, hat last:
+    mug $5 2m, ..." -> k, window, budget, rule, products): what observation builders read, as
+    the generalist reads the same text. Raises ValueError on a text not in that form."""
+    found = _TEXT.fullmatch(text.strip())
+    if found is None:
+        raise ValueError(f"not an event-plan task: {text[:40]!r}")
+    k, window, budget, rule, listing = found.groups()
+    words = rule.split()
+    parsed = (words[1], words[0], words[2]) if len(words) == 3 else (words[1], words[0])
+    return {"k": int(k), "window": int(window), "budget": int(budget), "rule": parsed,
+            "products": [(n, int(p), int(m)) for n, p, m in _LISTED.findall(listing)]}
+
+
+def _seen_catalog(ctx: StepContext) -> dict[str, tuple[int, int]]:
+    """Product -> (price, minutes), as the task's text states them (observation builders)."""
+    return {name: (price, minutes) for name, price, minutes in
+            read_task(ctx.task.text)["products"]}
 
 
 def rule_text(rule: Sequence[str]) -> str:
@@ -156,7 +180,7 @@ def _scheduled(ctx: StepContext) -> Segments | None:
 
 
 def _select_observe(ctx: StepContext) -> str:
-    d = ctx.task.data
+    d = read_task(ctx.task.text)
     return f"pick {d['k']}, ${d['budget']}, {d['window']}m, {rule_text(d['rule'])}: " \
            f"{_listing(d['products'])}\n"
 
@@ -174,10 +198,10 @@ def _select_reference(ctx: StepContext) -> str:
 
 
 def _schedule_observe(ctx: StepContext) -> str:
-    d, selected = ctx.task.data, _selected(ctx)
+    d, catalog = read_task(ctx.task.text), _seen_catalog(ctx)
+    selected = _names(ctx.output_of("select") or "", catalog)
     if selected is None:
         return "order ?\n"
-    catalog = _catalog(ctx.task)
     return f"order in {d['window']}m, {rule_text(d['rule'])}: " \
            f"{', '.join(f'{n} {catalog[n][1]}m' for n in selected)}\n"
 
@@ -198,7 +222,8 @@ def _schedule_reference(ctx: StepContext) -> str:
 
 
 def _script_observe(ctx: StepContext) -> str:
-    segments, catalog = _scheduled(ctx), _catalog(ctx.task)
+    catalog = _seen_catalog(ctx)
+    segments = _segments(ctx.output_of("schedule") or "", catalog)
     if segments is None:
         return "script: ?\n"
     return f"script: {', '.join(f'{n} ${catalog[n][0]}' for n, _ in segments)}\n"

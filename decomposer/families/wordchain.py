@@ -2,7 +2,9 @@
 
 "tom has 3 bags of 7 pens and gives 5 away" is ``3 * 7 - 5``: the rule plan is
 ``parse > mul > sub > format``. The six templates fold three numbers left to right with two of
-``add``, ``sub``, ``mul``, ``div``, so a planner must read the words to pick the operations.
+``add``, ``sub``, ``mul``, ``div``, so a planner must read the words to pick the operations: the
+rule planner reads them by their cue words ("bags of" multiplies, "gives" subtracts, ...), in the
+order they come (:func:`read_ops`), as the LM planner and the generalist read the same text.
 
 Subtasks (each verified on what its own observation shows, so an upstream mistake is never a
 downstream specialist's fault):
@@ -10,7 +12,8 @@ downstream specialist's fault):
 - ``parse``:  "parse: <task>"  -> "3 7 5"
 - ``add``/``sub``/``mul``/``div``: "mul 3 7"  -> "21" (the first operation reads the first two
   numbers, each later one the previous result and the next number)
-- ``format``: "format 16 pens" -> "16 pens", the task's answer
+- ``format``: "format 16: tom has 3 bags of 7 pens and gives 5 away" -> "16 pens", the task's
+  answer (the item is read from the words, as the generalist reads it)
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ TEMPLATES = (
     ("{n} has {a} {item}, loses {b} and packs the rest into {c} boxes", "sub", "div"),
 )
 _INT = re.compile(r"-?\d+")
+# The words that name each operation, as the templates use them (a rule planner's reading).
+CUES = re.compile(r"\b(?:(?P<mul>bags of|rows of|times as many)|(?P<add>buys|finds|and \d+ more)"
+                  r"|(?P<sub>gives|loses)|(?P<div>shares|packs))\b")
 
 
 class WordChainOptions(FamilyOptions):
@@ -104,9 +110,15 @@ def _parse_verify(ctx: StepContext, out: str) -> Verdict:
     return Verdict(got == want, "" if got == want else f"expected {want}, got {out.strip()[:20]!r}")
 
 
+def read_ops(text: str) -> list[str]:
+    """The operations a problem's words name, in the order they come ("tom has 3 bags of 7 pens
+    and gives 5 away" -> ["mul", "sub"])."""
+    return [m.lastgroup for m in CUES.finditer(text) if m.lastgroup]
+
+
 def _format_observe(ctx: StepContext) -> str:
     value = ctx.inputs[0].strip() if ctx.inputs else ""
-    return f"format {value} {ctx.task.data['item']}\n"
+    return f"format {value}: {ctx.task.text}\n"
 
 
 def _format_verify(ctx: StepContext, out: str) -> Verdict:
@@ -151,7 +163,7 @@ class WordChain(TaskFamily):
                         text.format(n=rng.choice(NAMES), a=a, b=b, c=c, item=item), data)
 
     def rule_plan(self, task: Task) -> Plan:
-        return Plan.chain(["parse", *task.data["ops"], "format"])
+        return Plan.chain(["parse", *read_ops(task.text), "format"])
 
     def verify(self, task: Task, answer: str) -> Verdict:
         want = f"{task.data['value']} {task.data['item']}"

@@ -20,6 +20,7 @@ import zlib
 from typing import Any, Callable
 
 from agentrt.decomposer.families.wordchain import OPS
+from decompose_tools import formatted  # this folder is on sys.path (pytest, the bench)
 from agentrt.decomposer.router import Router, RouterConfig
 from agentrt.decomposer.sdk import make_family
 from agentrt.runner.core import EpisodeRunner, EpisodeSpec, RunnerConfig
@@ -35,7 +36,7 @@ def calc(req: Any) -> str:
     """Always right on the arithmetic and format steps."""
     words = req.observation.strip().splitlines()[-1].split()
     if words[0] == "format":
-        return " ".join(words[1:])
+        return formatted(words)
     if "?" in words:
         return "0"
     return str(OPS[words[0]](int(words[1]), int(words[2])))

@@ -17,7 +17,9 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from agentrt.decomposer.plan import Plan
-from agentrt.decomposer.sdk import FAMILIES, StepContext, SubtaskType, Task, TaskFamily, make_family
+from agentrt.decomposer.families.wordchain import read_ops
+from agentrt.decomposer.sdk import (FAMILIES, HiddenFieldError, StepContext, SubtaskType, Task,
+                                    TaskFamily, make_family, visible)
 from agentrt.decomposer.env import WholeTaskEnv
 from agentrt.decomposer.sdk import as_verdict
 from agentrt.envs.checker import check_multiagent_env
@@ -414,3 +416,73 @@ def test_a_raising_policy_is_a_failed_step_or_a_bad_plan(name: str) -> None:
     chain = env.infos["planner"]["chain"]
     assert env.done and chain["outcome"] == "bad_plan"
     assert chain["reason"] == "planner raised: RuntimeError: oops"
+
+
+# ---------------------------------------------------------------------- hidden task fields
+@pytest.mark.parametrize("name", list(FAMILY_ENVS))
+@pytest.mark.parametrize("planner", ["rule", "lm", "single"])
+def test_no_hidden_task_field_reaches_a_planner_the_router_or_a_specialist(
+        name: str, planner: str) -> None:
+    """Issue 40, must-show 4. What the planner, the router and each specialist read (the
+    planner's prompt, each step's observation, which the router routes on too, the generalist's
+    prompt) is built from the task with its data sealed: a read of a hidden field raises, so a
+    family whose planner or observation used the answer's facts fails here. The built-in
+    families' rule planners read the words (wordchain: the operations' cue words)."""
+    env = chain_env(name, planner=planner)
+    for index in range(40):
+        env.reset(seed=0, options={"index": index})
+        moves = [env.family.rule_plan(visible(env.task)).text] if planner == "lm" else []
+        chain, _ = play_on(env, moves)
+        assert chain["outcome"] == "solved", chain  # the sealed reads all worked
+    assert all(read_ops(t.text) == t.data["ops"] for t in make_family("wordchain").splits(
+        500, 100, seed=3)[0])
+    whole = WholeTaskEnv(name, **SIZES)
+    obs, _ = whole.reset(seed=0)
+    assert obs == whole.family.whole_prompt(visible(whole.task))
+
+
+class Leaky(TaskFamily):
+    """Reads the answer where it must not: in a step's observation or in its rule plan."""
+
+    subtask_types = (SubtaskType("echo", "the number", observe=lambda ctx: "echo\n",
+                                 verify=lambda ctx, out: out.strip() == str(ctx.task.data["x"]),
+                                 reference=lambda ctx: str(ctx.task.data["x"]), max_tokens=4),)
+
+    def make_task(self, rng: random.Random, index: int) -> Task:
+        x = rng.randint(0, 9999)
+        return Task(f"leaky/{index}", f"echo {x}", {"x": x})
+
+    def rule_plan(self, task: Task) -> Plan:
+        return Plan.chain(["echo"])
+
+    def verify(self, task: Task, answer: str) -> bool:
+        return answer.strip() == str(task.data["x"])
+
+
+@FAMILIES.register("test_families_leaky_observe")
+class LeakyObserve(Leaky):
+    subtask_types = (SubtaskType("echo", "the number",
+                                 observe=lambda ctx: f"echo {ctx.task.data['x']}\n",
+                                 verify=Leaky.subtask_types[0].verify,
+                                 reference=Leaky.subtask_types[0].reference, max_tokens=4),)
+
+
+@FAMILIES.register("test_families_leaky_plan")
+class LeakyPlan(Leaky):
+    def rule_plan(self, task: Task) -> Plan:
+        return Plan.chain(["echo"] * (1 + task.data["x"] % 2))
+
+
+@pytest.mark.parametrize("family", ["test_families_leaky_observe", "test_families_leaky_plan"])
+def test_a_family_that_reads_a_hidden_field_is_refused_naming_it(family: str) -> None:
+    """Verifiers and references read the data (the leaky families' verify does); a planner or
+    an observation that reads it is a HiddenFieldError naming the task and the field."""
+    env = chain_env(family)
+    with pytest.raises(HiddenFieldError, match=r"task train/\d+: field 'x' of the task's hidden "
+                                               r"data was read by a planner or an observation"):
+        env.reset(seed=0, options={"index": 0})
+        env.observe(env.agent_selection)
+    fam = make_family(family)
+    with pytest.raises(HiddenFieldError):
+        fam.demonstrations(fam.splits(2, 1, seed=0)[0][0])
+    assert fam.verify(Task("t", "echo 5", {"x": 5}), "5")  # a verifier reads it
