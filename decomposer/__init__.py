@@ -13,9 +13,9 @@ from agentrt.decomposer.sdk import (FAMILIES, WHOLE, FamilyOptions, HiddenFieldE
                                     StepContext, SubtaskType, Task, TaskFamily, Verdict,
                                     make_family, visible)
 
-# Registers the built-in families (word chains, event plans) in FAMILIES: every module of the
+# Registers the built-in families (word chains, event plans, shopping bills) in FAMILIES: every module of the
 # package, sdk included, is imported after this file, so make_family always finds them.
-from agentrt.decomposer.families import eventplan, wordchain  # noqa: F401
+from agentrt.decomposer.families import eventplan, shopping, wordchain  # noqa: F401
 
 __all__ = ["FAMILIES", "WHOLE", "FamilyOptions", "HiddenFieldError", "Plan", "PlanError", "Step",
            "StepContext", "SubtaskType", "Task", "TaskFamily", "Verdict", "format_plan",

@@ -115,6 +115,9 @@ EXAMPLE_RUNS = {
     "decompose_wordchain.yaml": ("decompose run", [
         "sft.steps=2", "policies.0.sft_steps=2", "train.steps=1", "train.tasks_per_step=4",
         "train.group_size=2", "eval.size=4", "family.train_size=50", "family.eval_size=4"]),
+    "decompose_shopping.yaml": ("decompose run", [
+        "sft.steps=2", "train.steps=1", "train.tasks_per_step=4", "train.group_size=2",
+        "eval.size=4", "family.train_size=50", "family.eval_size=4"]),
     "ttt_eval.yaml": ("tournament eval", ["schedule.rounds=1", "schedule.games_per_pairing=2"]),
     "cluster/grpo_cluster.yaml": ("train", [
         "runtime.address=null", "policy.resources.num_workers=2",

@@ -8,6 +8,7 @@ steps, raising verifiers and raising policies are outcomes of the chain, never e
 from __future__ import annotations
 
 import random
+import types
 import warnings
 from collections import defaultdict
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from agentrt.decomposer.plan import Plan
+from agentrt.decomposer.families.shopping import GOODS, PRICES, lookup_tool
 from agentrt.decomposer.families.wordchain import read_ops
 from agentrt.decomposer.sdk import (FAMILIES, HiddenFieldError, StepContext, SubtaskType, Task,
                                     TaskFamily, make_family, visible)
@@ -25,7 +27,8 @@ from agentrt.decomposer.sdk import as_verdict
 from agentrt.envs.checker import check_multiagent_env
 from agentrt.envs.registration import make, make_multi
 
-FAMILY_ENVS = {"wordchain": "WordChain-v0", "eventplan": "EventPlan-v0"}
+FAMILY_ENVS = {"wordchain": "WordChain-v0", "eventplan": "EventPlan-v0",
+               "shopping": "Shopping-v0"}
 SIZES = {"train_size": 200, "eval_size": 50, "seed": 7}  # one cached split for every env here
 
 
@@ -299,6 +302,54 @@ def test_wordchain_whole_verifier() -> None:
     fam = make_family("wordchain")
     assert fam.answer_of(TOM) == "16 pens" and fam.verify(TOM, "16 pens").ok
     assert "expected '16 pens'" in fam.verify(TOM, "17 pens").reason
+
+
+# ---------------------------------------------------------------------- shopping (a tool)
+BILL = Task("bill", "ana buys 3 pens and 2 cups", {"items": [[3, "pens"], [2, "cups"]],
+                                                   "total": 3 * PRICES["pens"] + 2 * PRICES["cups"]})
+BILL_PLAN = Plan.chain(["parse", "lookup", "total"])
+PENS, CUPS = PRICES["pens"], PRICES["cups"]
+
+
+@pytest.mark.parametrize(("step", "before", "out", "reason"), [
+    (0, [], "3 pens 2 cups", ""), (0, [], "3 pens", "expected '3 pens 2 cups'"),
+    (1, ["3 pens 2 cups"], f"pens {PENS} cups {CUPS}", ""),
+    (1, ["3 pens 2 cups"], f"pens {PENS} cups {CUPS + 1}", "expected"),
+    (1, ["3 pens"], f"pens {PENS}", ""),  # judged on the goods its own input names
+    (1, ["three pens"], "pens 1", "no goods"),
+    (2, ["3 pens 2 cups", "pens 4 cups 7"], "26", ""),  # the prices it was shown, right or not
+    (2, ["3 pens 2 cups", "pens 4 cups 7"], "27", "expected 26"),
+    (2, ["3 pens 2 cups", "pens 4"], "12", "no bill and prices"),
+])
+def test_shopping_subtask_verifiers(step: int, before: list[str], out: str, reason: str) -> None:
+    verdict = judge(make_family("shopping"), BILL, BILL_PLAN, step, before, out)
+    assert verdict.ok == (reason == "") and reason in verdict.reason, verdict
+
+
+def test_shopping_prices_are_only_in_the_shops_list_and_its_tool_reads_them() -> None:
+    """The price list is the env's knowledge base: no price is in a task's text, the planner's
+    prompt or the lookup step's observation; the tool answers from the list, "?" for a good the
+    shop does not sell; a chain with the tool doing the lookups and references doing the rest
+    solves every task."""
+    fam = make_family("shopping")
+    demo = dict((who, obs) for who, obs, _ in fam.demonstrations(BILL))
+    assert demo["lookup"] == "lookup: pens cups\n" and str(PENS) not in demo["lookup"]
+    assert demo["planner"] == "plan: ana buys 3 pens and 2 cups\n"
+    ask = types.SimpleNamespace(observation="lookup: pens cups kettles\n")
+    assert lookup_tool(ask) == f"pens {PENS} cups {CUPS} kettles ?"
+    env = chain_env("shopping", planner="rule")
+    for index in range(30):
+        env.reset(seed=0, options={"index": index})
+        while not env.done:
+            kind = env.subtask()
+            obs = env.observe(env.agent_selection)
+            move = lookup_tool(types.SimpleNamespace(observation=obs)) if kind == "lookup" \
+                else reference_of(env)
+            env.step(move)
+        chain = env.infos[env.agents[0]]["chain"]
+        assert chain["outcome"] == "solved", chain
+        assert chain["answer"] == str(env.task.data["total"])
+    assert len(set(PRICES.values())) > 10 and len(GOODS) == 48
 
 
 # ---------------------------------------------------------------------- plans and failures
