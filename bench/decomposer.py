@@ -16,7 +16,18 @@ Then the LM planner (must-show 2): a planner policy with a short SFT warm start 
 the task outcome, chaining the specialists the decomposer arm trained (frozen); its held-out
 plan validity and task success are printed before training, after the warm start and at the end.
 
-    .venv/bin/python bench/decomposer.py [--families wordchain eventplan] [--sft-samples 80000]
+Splits and seeds: the task generator's seed picks the split (``--split validation``: family seed
+1000, where settings such as ``SHARES`` are chosen; ``--split test``: family seed 1234, where
+figures are reported); each split has its own training tasks and held-out tasks, disjoint. Every
+arm trains once per training seed (``--seeds``) and is evaluated on the same held-out tasks; the
+difference of two arms is the mean over seeds and tasks, with a 95% interval from a bootstrap
+that resamples seeds and tasks (crossed: every seed is evaluated on every task).
+
+``shopping`` (a tool-using family) adds the arm ``no-tool``: the decomposer with an LM specialist
+doing the price lookups instead of the shop's tool (same SFT budget over its LM specialists).
+
+    .venv/bin/python bench/decomposer.py [--families wordchain eventplan shopping]
+        [--seeds 1 2 3] [--split test|validation] [--sft-samples 80000] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -24,6 +35,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import random
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -34,13 +48,23 @@ from agentrt.decomposer.config import DecomposeConfig
 from agentrt.decomposer.workload import Decomposer
 
 GROUPS = {"wordchain": {"reader": ["parse", "format"], "calc": ["add", "sub", "mul", "div"]},
-          "eventplan": {"selector": ["select"], "scheduler": ["schedule"], "writer": ["script"]}}
+          "eventplan": {"selector": ["select"], "scheduler": ["schedule"], "writer": ["script"]},
+          "shopping": {"reader": ["parse"], "calc": ["total"]}}
+# The shop's price tool (a Python specialist, never trained) and, in the no-tool arm, the LM
+# specialist that does its job instead.
+TOOLS = {"shopping": [{"id": "shop", "fn": "agentrt.decomposer.families.shopping:lookup_tool",
+                       "skills": ["lookup"]}]}
+NO_TOOL = {"shopping": {"looker": ["lookup"]}}
+SPLITS = {"validation": 1000, "test": 1234}  # family seed of each split
 # How the decomposer arm splits the SFT budget over its specialists: a choice of that arm, made
 # by how hard each subtask is (selecting under a budget and a window is the hardest part of an
 # event plan, copying prices into a script the easiest; copying numbers out of a sentence is easy
 # and the arithmetic is not); the total equals the generalist's.
 SHARES = {"wordchain": {"reader": 0.2, "calc": 0.8},
-          "eventplan": {"selector": 0.5, "scheduler": 0.35, "writer": 0.15}}
+          "eventplan": {"selector": 0.5, "scheduler": 0.35, "writer": 0.15},
+          # set before any run: reading a bill is copying, the total is the arithmetic
+          "shopping": {"reader": 0.3, "calc": 0.7},
+          "shopping/no-tool": {"reader": 0.2, "looker": 0.4, "calc": 0.4}}
 
 
 def policy(pid: str, skills: list[str], max_new_tokens: int = 64, **extra: Any) -> dict:
@@ -52,23 +76,30 @@ def policy(pid: str, skills: list[str], max_new_tokens: int = 64, **extra: Any) 
 
 
 def config(run_dir: Path, family: str, arm: str, args: argparse.Namespace,
-           tasks_per_step: int, **over: Any) -> DecomposeConfig:
+           tasks_per_step: int, seed: int = 0, **over: Any) -> DecomposeConfig:
     batch = 64
     sft_steps = args.sft_samples // batch
-    tasks = tasks_per_step
+    tasks, tools = tasks_per_step, []
     if arm == "generalist":
         policies = [policy("generalist", ["solve"])]
         planner = {"kind": "single"}
     else:
-        policies = [policy(pid, skills, sft_steps=int(sft_steps * SHARES[family][pid]))
-                    for pid, skills in GROUPS[family].items()]
+        groups, shares = dict(GROUPS[family]), SHARES[family]
+        if arm == "no-tool":
+            groups, shares = {**groups, **NO_TOOL[family]}, SHARES[f"{family}/no-tool"]
+        else:
+            tools = TOOLS.get(family, [])
+        policies = [policy(pid, skills, sft_steps=int(sft_steps * shares[pid]))
+                    for pid, skills in groups.items()]
         planner = {"kind": "rule"}
-    data = {"seed": args.seed, "run_dir": str(run_dir), "threads": args.threads,
-            "family": {"name": family, "train_size": 4000, "eval_size": args.eval_size},
-            "planner": planner, "policies": policies,
+    data = {"seed": seed, "run_dir": str(run_dir), "threads": args.threads,
+            "family": {"name": family, "train_size": 4000, "eval_size": args.eval_size,
+                       "seed": SPLITS[args.split]},
+            "planner": planner, "policies": policies, "tools": tools,
             "sft": {"steps": sft_steps, "batch_size": batch, "lr": 1e-3, "warmup_steps": 20},
             "train": {"steps": args.rl_steps, "tasks_per_step": tasks, "group_size": 4},
-            "eval": {"every": max(1, args.rl_steps), "examples": 4},
+            # every held-out chain kept at each evaluation: per-task outcomes for the interval
+            "eval": {"every": max(1, args.rl_steps), "examples": args.eval_size},
             "checkpoint": {"every": max(1, args.rl_steps), "keep": 1}, "progress": False}
     data.update(over)
     return validate_config(data, DecomposeConfig)
@@ -95,44 +126,93 @@ def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return centre - half, centre + half
 
 
-def compare(family: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+def outcomes(run_dir: str) -> dict[str, bool]:
+    """Task id -> success of every held-out chain of the run's last evaluation."""
+    last = (Path(run_dir) / "eval_chains.jsonl").read_text().splitlines()[-1]
+    return {c["task_id"]: bool(c["success"]) for c in json.loads(last)["chains"]}
+
+
+def arms_of(family: str) -> tuple[str, ...]:
+    return ("decomposer", *(("no-tool",) if family in NO_TOOL else ()), "generalist")
+
+
+def compare(family: str, args: argparse.Namespace, root: Path, seed: int) -> dict[str, Any]:
+    """Every arm of ``family`` trained with training seed ``seed``, on the same tasks."""
     out: dict[str, Any] = {}
     tasks = args.tasks_per_step
-    for arm in ("decomposer", "generalist"):
-        cfg = config(root / f"{family}_{arm}", family, arm, args, tasks_per_step=tasks)
+    per_step = None
+    for arm in arms_of(family):
+        if arm == "generalist" and per_step is not None:
+            # The generalist trains on as many RL trajectories per step as the chains gave
+            # (one per subtask attempt): that many whole tasks per step.
+            tasks = max(1, round(per_step / 4))
+        cfg = config(root / f"{family}_{arm}_seed{seed}", family, arm, args,
+                     tasks_per_step=args.tasks_per_step if arm != "generalist" else tasks,
+                     seed=seed)
         rows, seconds = run(cfg)
         evals = [r for r in rows if "eval/success" in r]
         out[arm] = {"success": evals[-1]["eval/success"], "start": evals[0]["eval/success"],
                     "samples": samples(cfg, rows), "seconds": seconds, "run_dir": cfg.run_dir,
+                    "outcomes": outcomes(cfg.run_dir),
                     "subtasks": {k.removeprefix("eval/subtask_success/"): v
                                  for k, v in evals[-1].items()
                                  if k.startswith("eval/subtask_success/")}}
         if arm == "decomposer" and args.rl_steps:
-            # The generalist trains on as many RL trajectories per step as the chains gave
-            # (one per subtask attempt): that many whole tasks per step.
             per_step = out[arm]["samples"][1] / args.rl_steps
-            tasks = max(1, round(per_step / cfg.train.group_size))
     n = args.eval_size
-    g, d = out["generalist"]["success"], out["decomposer"]["success"]
-    half = 1.96 * math.sqrt(g * (1 - g) / n + d * (1 - d) / n)
-    print(f"\n== {family}: held-out task success on {n} tasks ==")
+    print(f"\n== {family}, training seed {seed} ({args.split} split): held-out task success on "
+          f"{n} tasks ==")
     print(f"{'arm':<12} {'after SFT':>9} {'final':>7} {'95% CI':>15} {'SFT rows':>9} "
           f"{'RL traj':>8} {'seconds':>8}")
-    for arm in ("generalist", "decomposer"):
+    for arm in reversed(arms_of(family)):
         r = out[arm]
         lo, hi = (max(0.0, x) for x in wilson(r["success"], n))
         print(f"{arm:<12} {r['start']:9.3f} {r['success']:7.3f} [{lo:.3f}, {hi:.3f}] "
               f"{r['samples'][0]:9d} {r['samples'][1]:8d} {r['seconds']:8.0f}")
-    print(f"decomposer - generalist: {d - g:+.3f}  95% CI [{d - g - half:+.3f}, "
-          f"{d - g + half:+.3f}]  (must-show: >= +0.15)")
-    print("decomposer subtask success: " + ", ".join(
-        f"{k} {v:.2f}" for k, v in sorted(out["decomposer"]["subtasks"].items())))
-    out["diff"], out["ci"] = d - g, (d - g - half, d - g + half)
+    for arm in arms_of(family)[:-1]:
+        print(f"{arm} subtask success: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in sorted(out[arm]["subtasks"].items())))
     return out
 
 
-def planner_arm(family: str, specialists_dir: Path, args: argparse.Namespace, root: Path
-                ) -> dict[str, Any]:
+def crossed_interval(a: list[dict[str, bool]], b: list[dict[str, bool]], reps: int = 4000,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """Mean over seeds and tasks of arm a's success minus arm b's (``a[i]``, ``b[i]``: seed
+    i's outcome per task) and a 95% bootstrap interval resampling seeds and tasks (crossed:
+    one draw of seeds, one of tasks, each replicate)."""
+    tasks = sorted(set(a[0]) & set(b[0]))
+    diff = [[float(x[t]) - float(y[t]) for t in tasks] for x, y in zip(a, b)]
+    rng = random.Random(seed)
+    means = []
+    for _ in range(reps):
+        seeds = [rng.randrange(len(diff)) for _ in diff]
+        picks = [rng.randrange(len(tasks)) for _ in tasks]
+        means.append(sum(diff[s][t] for s in seeds for t in picks) / (len(seeds) * len(picks)))
+    means.sort()
+    mean = sum(map(sum, diff)) / (len(diff) * len(tasks))
+    return mean, means[int(0.025 * reps)], means[int(0.975 * reps) - 1]
+
+
+def summarize(family: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The family's differences over all training seeds (mean, 95% interval)."""
+    pairs = [("decomposer", "generalist")]
+    if family in NO_TOOL:
+        pairs += [("decomposer", "no-tool"), ("no-tool", "generalist")]
+    out: dict[str, Any] = {arm: [r[arm]["success"] for r in runs] for arm in arms_of(family)}
+    print(f"\n== {family}: {len(runs)} training seeds x {len(runs[0]['generalist']['outcomes'])}"
+          " held-out tasks ==")
+    for arm in arms_of(family):
+        print(f"{arm:<12} success per seed: {', '.join(f'{x:.3f}' for x in out[arm])}")
+    for a, b in pairs:
+        mean, lo, hi = crossed_interval([r[a]["outcomes"] for r in runs],
+                                        [r[b]["outcomes"] for r in runs])
+        out[f"{a} - {b}"] = (mean, lo, hi)
+        print(f"{a} - {b}: {mean:+.3f}  95% CI [{lo:+.3f}, {hi:+.3f}] (seeds and tasks)")
+    return out
+
+
+def planner_arm(family: str, specialists_dir: Path, args: argparse.Namespace, root: Path,
+                seed: int) -> dict[str, Any]:
     """An LM planner with a short warm start, trained by RL over frozen trained specialists."""
     frozen = [policy(pid, skills, model={"path": str(specialists_dir / "final" / pid)},
                      trainable=False) for pid, skills in GROUPS[family].items()]
@@ -142,10 +222,10 @@ def planner_arm(family: str, specialists_dir: Path, args: argparse.Namespace, ro
     # (at 0.7 about half of them parse at the start of RL).
     planner["rollout"]["sampling"]["temperature"] = args.planner_temperature
     planner["optim"] = {"lr": args.planner_lr, "max_grad_norm": 1.0}
-    cfg = config(root / f"{family}_planner", family, "decomposer", args, 32,
+    cfg = config(root / f"{family}_planner", family, "decomposer", args, 32, seed=seed,
                  planner={"kind": "lm", "policy": "planner"}, policies=[planner, *frozen],
                  train={"steps": args.planner_steps, "tasks_per_step": 32, "group_size": 4},
-                 eval={"every": max(1, args.planner_steps // 4), "examples": 4})
+                 eval={"every": max(1, args.planner_steps // 4), "examples": 4}, tools=[])
     # Before any training: the planner as built (an untrained LM writes no valid plan).
     rows, seconds = run(cfg)
     evals = [(r["step"], r["eval/plan_valid"], r["eval/success"]) for r in rows
@@ -160,32 +240,58 @@ def planner_arm(family: str, specialists_dir: Path, args: argparse.Namespace, ro
     return {"evals": evals}
 
 
+def machine() -> dict[str, Any]:
+    """The commit and machine a result came from."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent).stdout.strip()
+    return {"commit": commit, "cpus": os.cpu_count(), "load": os.getloadavg(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", nargs="+", default=["wordchain", "eventplan"])
+    ap.add_argument("--families", nargs="+", default=["wordchain", "eventplan", "shopping"])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3],
+                    help="Training seeds (every arm trains once per seed).")
+    ap.add_argument("--split", choices=sorted(SPLITS), default="test",
+                    help="validation: choose settings; test: report figures.")
     ap.add_argument("--sft-samples", type=int, default=80000, help="SFT rows per arm.")
     ap.add_argument("--rl-steps", type=int, default=10)
     ap.add_argument("--tasks-per-step", type=int, default=16, help="Of the decomposer arm.")
     ap.add_argument("--eval-size", type=int, default=300)
     ap.add_argument("--planner-sft-steps", type=int, default=60)
-    ap.add_argument("--planner-steps", type=int, default=40)
+    ap.add_argument("--planner-steps", type=int, default=40,
+                    help="LM planner RL steps over the first seed's wordchain specialists "
+                         "(0: no planner arm).")
     ap.add_argument("--planner-temperature", type=float, default=0.7)
     ap.add_argument("--planner-lr", type=float, default=1e-4)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="Folder of the runs (default: a temp folder).")
+    ap.add_argument("--json", default=None, help="Write the raw results here.")
+    ap.add_argument("--shares", action="append", default=[], metavar="KEY:POLICY=SHARE,...",
+                    help="Another SFT split for a SHARES key, e.g. wordchain:reader=0.5,calc=0.5 "
+                         "(to compare on the validation split).")
     args = ap.parse_args()
+    for spec in args.shares:
+        key, _, pairs = spec.partition(":")
+        SHARES[key] = {pid: float(x) for pid, x in (p.split("=") for p in pairs.split(","))}
+        print(f"SFT split of {key}: {SHARES[key]}")
     root = Path(args.out or tempfile.mkdtemp(prefix="bench-decomposer-"))
-    results = {}
+    raw: dict[str, Any] = {"args": vars(args), **machine(), "runs": {}, "summary": {}}
     for family in args.families:
-        results[family] = compare(family, args, root)
+        runs = [compare(family, args, root, seed) for seed in args.seeds]
+        raw["runs"][family] = runs
+        raw["summary"][family] = summarize(family, runs)
     if "wordchain" in args.families and args.planner_steps:
-        results["planner"] = planner_arm("wordchain", Path(
-            results["wordchain"]["decomposer"]["run_dir"]), args, root)
+        raw["planner"] = planner_arm("wordchain", Path(
+            raw["runs"]["wordchain"][0]["decomposer"]["run_dir"]), args, root, args.seeds[0])
     print("\nsummary: " + "; ".join(
-        f"{f}: decomposer - generalist {r['diff']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]"
-        for f, r in results.items() if "diff" in r))
+        f"{f}: decomposer - generalist {r['decomposer - generalist'][0]:+.3f} "
+        f"[{r['decomposer - generalist'][1]:+.3f}, {r['decomposer - generalist'][2]:+.3f}]"
+        for f, r in raw["summary"].items()))
     print(f"runs: {root}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(raw, indent=1))
 
 
 if __name__ == "__main__":
