@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from agentrt.decomposer.router import RouterConfig
 from agentrt.decomposer.sdk import WHOLE, make_family
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentrt.config.run import LoopConfig, RunConfig
 from agentrt.config.sections import PolicyConfig, Section, SFTConfig
@@ -66,6 +66,15 @@ class SpecialistPolicy(PolicyConfig):
         (), description="Subtask types (or tags) this policy is routed; empty for the planner.")
     sft_steps: int | None = Field(
         None, ge=0, description="Warm-start SFT steps of this policy (None: sft.steps).")
+
+    @field_validator("memory")
+    @classmethod
+    def _no_memory(cls, memory: Any) -> Any:
+        if memory is not None:  # refused, not ignored: a config must do what it says
+            raise ValueError("a decomposer specialist has no memory bank yet (its observation "
+                             "would not change); remove memory:. The router remembers past "
+                             "outcomes per subtask: router.memory: true")
+        return memory
 
 
 class ToolConfig(Section):

@@ -176,6 +176,8 @@ DECOMPOSE = [("family.name", "poetry", "family.name"), ("family.train_size", 0, 
                                                            "expected a number"),
              ("train.tasks_per_step", 0, "tasks_per_step"),
              ("tools", [{"id": "t", "fn": "no_such_mod_x:f", "skills": ["div"]}], "tools.0.fn"),
+             ("policies.1.memory", {"bank": "m"}, "policies.1.memory: a decomposer specialist "
+                                                  "has no memory bank yet"),
              ("drift.reference", "rolling", "drift.reference"),
              ("policies.1.id", "..", "policy id '..' names folders"),
              ("family.train_size", 10**9, "train_size"), ("family.eval_size", 10**9, "eval_size"),
