@@ -259,7 +259,7 @@ def summarize(steps: list[dict]) -> dict:
             "rollout_tokens_per_s": tot["tokens"] / max(tot["generate"], 1e-9),
             "trainer_samples_per_s": n * PROMPTS * GROUP / max(tot["prepare"] + tot["update"],
                                                                  1e-9),
-            "peak_rss_mb": peak_rss_mb(),
+            "peak_rss_mb": peak_rss_mb(), "response_tokens_per_step": tot["tokens"] / n,
             "phase_s": {k: tot[k] / n for k in ("generate", "prepare", "update")}
             | {"other": (tot["wall"] - tot["generate"] - tot["prepare"] - tot["update"]) / n}}
 
@@ -296,6 +296,47 @@ def show(name: str, runs: list[dict]) -> None:
           + (f"; matmuls in {runs[0]['dtypes']}" if "dtypes" in runs[0] else ""))
 
 
+class UpdateCost:
+    """The update's model FLOPs and the machine's GEMM peak for one model (bench/mfu.py's
+    counting): forward + backward = 3 x the forward FLOPs of a step's real tokens (256
+    sequences of the mean prompt length plus the arm's mean response length; padding not
+    counted); the peak is the best GEMM rate at the update's shapes in the run's precision,
+    measured here with the arms' thread count."""
+
+    def __init__(self, model_dir: Path, precision: str, reps: int = 3) -> None:
+        import torch
+        from transformers import AutoConfig
+
+        from mfu import gemm_peak  # bench/ is the script's folder
+
+        c = AutoConfig.from_pretrained(model_dir)
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        kv = c.num_key_value_heads * head_dim
+        self.linear = (c.hidden_size * (c.num_attention_heads * head_dim + 2 * kv)
+                       + c.num_attention_heads * head_dim * c.hidden_size
+                       + 3 * c.hidden_size * c.intermediate_size) * c.num_hidden_layers \
+            + c.hidden_size * c.vocab_size  # multiply-adds per token, lm_head included
+        self.attention = 4 * c.num_hidden_layers * c.num_attention_heads * head_dim
+        self.prompt = statistics.mean(len(ex.prompt) + 1 for ex in examples(PROMPTS * 8, SEED))
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        rows = 4096  # an update's micro-batch of packed tokens
+        self.peak, self.gemm = gemm_peak(dtype, [(rows, c.hidden_size, c.intermediate_size),
+                                                 (rows, c.intermediate_size, c.hidden_size)],
+                                         reps)
+        self.precision = precision
+
+    def flops(self, response_tokens_per_step: float) -> float:
+        """Forward + backward FLOPs of one step's update."""
+        length = self.prompt + response_tokens_per_step / (PROMPTS * GROUP)
+        per_seq = length * 2 * self.linear + self.attention * length * (length + 1) / 2
+        return 3 * PROMPTS * GROUP * per_seq
+
+    def mfu(self, run: dict) -> float:
+        """The update's achieved GFLOP/s over the peak."""
+        rate = self.flops(run["response_tokens_per_step"]) / run["phase_s"]["update"] / 1e9
+        return rate / self.peak
+
+
 def parity(preset: str, model_dir: Path, tokens: int, a: argparse.Namespace) -> None:
     par = worker("parity", model_dir, tokens, a, a.set)
     print(f"{preset} parity: max |diff| log-probs {par['logprobs']:.2e} (mean log-prob "
@@ -312,7 +353,8 @@ def parity(preset: str, model_dir: Path, tokens: int, a: argparse.Namespace) -> 
         sys.exit(f"PARITY FAILED for {preset}: {bad} exceed the {a.precision} tolerances {tol}")
 
 
-def compare(preset: str, model_dir: Path, n: int, a: argparse.Namespace) -> dict[str, float]:
+def compare(preset: str, model_dir: Path, n: int, a: argparse.Namespace,
+            cost: UpdateCost | None = None) -> dict[str, float]:
     """Interleaved reps of every arm; returns each agentrt arm's median ratio to TRL. Where
     TRL's vLLM colocate mode fails, says why and measures TRL with its HF generate instead."""
     arms = {"agentrt": ("agentrt", a.set, a.compile, "sdpa")}
@@ -346,6 +388,11 @@ def compare(preset: str, model_dir: Path, n: int, a: argparse.Namespace) -> dict
     ratios = {}
     for name in names:
         show(name, runs[name])
+    if cost is not None:
+        print(f"  update MFU (forward + backward model FLOPs / the {cost.precision} GEMM peak "
+              f"{cost.peak:.0f} GFLOP/s, {cost.gemm}): " + ", ".join(
+                  f"{name} {statistics.median(cost.mfu(r) for r in runs[name]):.0%}"
+                  for name in names))
     trls = [name for name in names if name.startswith("TRL")]
     # with several TRL arms, against TRL's fastest in each repetition (TRL-best)
     best = [max((runs[t][rep] for t in trls), key=lambda r: r["steps_per_s"])
@@ -420,8 +467,9 @@ def main() -> None:
             model_dir = build_model(Path(tmp) / preset, preset, seed=SEED)
             if not a.skip_parity:
                 parity(preset, model_dir, tokens[0], a)
+            cost = UpdateCost(model_dir, a.precision)
             for n in tokens:
-                for name, r in compare(preset, model_dir, n, a).items():
+                for name, r in compare(preset, model_dir, n, a, cost).items():
                     summary.append(f"{preset} {n} tok {name} {r:.2f}x")
     if summary:
         print("steps per second ratios (median of reps): " + "; ".join(summary))
