@@ -1,7 +1,8 @@
-"""bench/decomposer.py at toy size (one RL step per arm), so the bench cannot rot: two families'
-arms (the shopping family's no-tool arm too; eventplan's arms are wordchain's) train for each seed on the same held-out tasks of
-the chosen split, the raw JSON keeps every task's outcome per arm and seed, and the interval
-over seeds and tasks is computed from them (issue 40)."""
+"""bench/decomposer.py at toy size (one RL step per arm, one seed), so the bench cannot rot: two
+families' arms (the shopping family's no-tool arm too; eventplan's arms are wordchain's) train
+on the same held-out tasks of the chosen split, the raw JSON keeps every task's outcome per arm
+and seed, and the interval over seeds and tasks is computed from them (issue 40; the
+interval's resampling of several seeds is checked on its own below)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _bench():
 def test_the_bench_runs_every_arm_of_every_family_for_each_seed(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(BENCH), "--families", "wordchain", "shopping",
-         "--seeds", "1", "2", "--split", "validation", "--sft-samples", "640", "--rl-steps",
+         "--seeds", "1", "--split", "validation", "--sft-samples", "640", "--rl-steps",
          "1", "--tasks-per-step", "2", "--eval-size", "6", "--planner-steps", "1",
          "--planner-sft-steps", "1", "--out", str(tmp_path / "runs"), "--json",
          str(tmp_path / "raw.json"), "--shares", "wordchain:reader=0.5,calc=0.5"],
@@ -36,7 +37,7 @@ def test_the_bench_runs_every_arm_of_every_family_for_each_seed(tmp_path: Path) 
     arms = {"wordchain": {"decomposer", "generalist"},
             "shopping": {"decomposer", "no-tool", "generalist"}}
     for family, runs in raw["runs"].items():
-        assert len(runs) == 2 and all(set(run) == arms[family] for run in runs)
+        assert len(runs) == 1 and all(set(run) == arms[family] for run in runs)
         tasks = set(runs[0]["generalist"]["outcomes"])
         assert len(tasks) == 6  # every held-out chain kept, the same tasks for every arm and seed
         for run in runs:
@@ -63,5 +64,5 @@ def test_the_interval_resamples_seeds_and_tasks() -> None:
     # one seed at +1 on every task, two at 0: seeds vary, so the interval is wide
     a = [dict.fromkeys(map(str, range(50)), True)] + [dict.fromkeys(map(str, range(50)), False)] * 2
     b = [dict.fromkeys(map(str, range(50)), False)] * 3
-    mean, lo, hi = crossed(a, b)
+    mean, lo, hi = crossed(a, b, reps=500)
     assert abs(mean - 1 / 3) < 1e-9 and lo == 0.0 and hi == 1.0
