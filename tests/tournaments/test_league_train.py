@@ -97,8 +97,10 @@ def test_ttt_league_learns_to_beat_random(tmp_path):
     The full run (300 steps, docs/tournaments.md) goes past 0.70 with under 2% invalid moves."""
     threads = torch.get_num_threads()
     example = Path(__file__).parents[2] / "examples" / "ttt_league.yaml"
+    # the exact best response is not asserted here (test_exploitability.py): off, ~4 s an eval
     cfg = load_config(example, [f"run_dir={tmp_path}", "progress=false", "threads=1",
-                                "train.steps=60", "eval.every=60"], TournamentRunConfig)
+                                "train.steps=60", "eval.every=60", "eval.exploitability=off"],
+                      TournamentRunConfig)
     try:
         trainer = LeagueTrainer(cfg)
         trainer.run()
