@@ -49,7 +49,7 @@ from agentrt.decomposer.workload import Decomposer
 
 GROUPS = {"wordchain": {"reader": ["parse", "format"], "calc": ["add", "sub", "mul", "div"]},
           "eventplan": {"selector": ["select"], "scheduler": ["schedule"], "writer": ["script"]},
-          "shopping": {"reader": ["parse"], "calc": ["total"]}}
+          "shopping": {"reader": ["parse"], "calc": ["cost", "sum"]}}
 # The shop's price tool (a Python specialist, never trained) and, in the no-tool arm, the LM
 # specialist that does its job instead.
 TOOLS = {"shopping": [{"id": "shop", "fn": "agentrt.decomposer.families.shopping:lookup_tool",
@@ -62,9 +62,10 @@ SPLITS = {"validation": 1000, "test": 1234}  # family seed of each split
 # and the arithmetic is not); the total equals the generalist's.
 SHARES = {"wordchain": {"reader": 0.2, "calc": 0.8},
           "eventplan": {"selector": 0.5, "scheduler": 0.35, "writer": 0.15},
-          # set before any run: reading a bill is copying, the total is the arithmetic
-          "shopping": {"reader": 0.3, "calc": 0.7},
-          "shopping/no-tool": {"reader": 0.2, "looker": 0.4, "calc": 0.4}}
+          # set before any run (as wordchain's): reading a bill is copying, the costs and the
+          # sum are the arithmetic; without the tool a third learns the price list
+          "shopping": {"reader": 0.2, "calc": 0.8},
+          "shopping/no-tool": {"reader": 0.2, "looker": 0.3, "calc": 0.5}}
 
 
 def policy(pid: str, skills: list[str], max_new_tokens: int = 64, **extra: Any) -> dict:

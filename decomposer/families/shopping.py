@@ -1,16 +1,17 @@
 """Shopping bills: quantities read from the words, prices looked up in the shop's price list by
-a tool, the bill computed from what the tool answered.
+a tool, each good's cost and the bill computed from what the tool answered.
 
-"ana buys 3 pens and 2 cups" -> "26". The shop's price list (:data:`PRICES`: 48 goods at $1-$19,
+"ana buys 3 pens and 2 cups" -> "26". The shop's price list (:data:`PRICES`: 48 goods at $1-$9,
 fixed) is a knowledge base the environment holds: it is not in the task's text, so whoever does
 a lookup must either call the shop's tool (:func:`lookup_tool`, a Python specialist) or have
 learnt the prices, as a generalist answering in one step must. The rule plan is
-``parse > lookup > total``:
+``parse > lookup > cost > cost > sum`` (one ``cost`` per good; one good: no ``sum``):
 
 - ``parse``:  "parse: ana buys 3 pens and 2 cups" -> "3 pens 2 cups"
 - ``lookup``: "lookup: pens cups" -> "pens 4 cups 7" (the goods the parse step read)
-- ``total``:  "total: 3 pens 2 cups | pens 4 cups 7" -> "26" (the parse step's quantities times
-  the prices the lookup step answered)
+- ``cost``:   "cost 3 4" -> "12" (the k-th cost step: the k-th good's quantity, from the parse
+  step, and its price, from the lookup step's answer)
+- ``sum``:    "sum 12 14" -> "26" (every cost step's output)
 
 Each step is verified on what its own observation shows, so an upstream mistake is never a
 downstream specialist's fault.
@@ -19,6 +20,7 @@ downstream specialist's fault.
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 from pydantic import Field
@@ -33,15 +35,18 @@ GOODS = ("pens", "cups", "mugs", "hats", "maps", "bags", "socks", "fans", "kites
          "pins", "combs", "brushes", "soaps", "towels", "sheets", "pillows", "candles", "boxes",
          "tubes", "wires", "bulbs", "chalks", "inks", "pads", "files", "clips", "glues", "stamps")
 _prices = random.Random(20261207)
-PRICES: dict[str, int] = {good: _prices.randint(1, 19) for good in GOODS}  # the shop's list
+PRICES: dict[str, int] = {good: _prices.randint(1, 9) for good in GOODS}  # the shop's list
 NAMES = ("tom", "ana", "li", "sam", "kim", "max", "eva", "raj")
 
 Bill = list[tuple[int, str]]  # (quantity, good)
+_QUANTITY = re.compile(r"\b\d+ [a-z]+")
 
 
 class ShoppingOptions(FamilyOptions):
-    max_quantity: int = Field(9, ge=1, le=99, description="Largest quantity of one good.")
-    max_goods: int = Field(3, ge=1, le=4, description="Most goods in one task (at least 1).")
+    max_quantity: int = Field(9, ge=2, le=99, description="Largest quantity of one good (the "
+                                                        "smallest is 2).")
+    min_goods: int = Field(2, ge=1, le=4, description="Fewest goods in one task.")
+    max_goods: int = Field(2, ge=1, le=4, description="Most goods in one task.")
 
 
 def read_bill(text: str) -> Bill | None:
@@ -106,31 +111,37 @@ def _lookup_verify(ctx: StepContext, out: str) -> Verdict:
     return Verdict(out.split() == want.split(), f"expected {want!r}")
 
 
-def _total_inputs(ctx: StepContext) -> tuple[Bill, dict[str, int]] | None:
-    bill, prices = _parsed(ctx), read_prices(ctx.inputs[0] if ctx.inputs else "")
-    if bill is None or prices is None or any(g not in prices for _, g in bill):
+def _cost_inputs(ctx: StepContext) -> tuple[int, int] | None:
+    """(quantity, price) of the good this cost step prices: the k-th cost step the k-th good of
+    the parse step's bill, its price from the lookup step's answer."""
+    bill, prices = _parsed(ctx), read_prices(ctx.output_of("lookup") or "")
+    k = ctx.index("cost")
+    if bill is None or prices is None or k >= len(bill) or bill[k][1] not in prices:
         return None
-    return bill, prices
+    return bill[k][0], prices[bill[k][1]]
 
 
-def _total_observe(ctx: StepContext) -> str:
-    found = _total_inputs(ctx)
+def _cost_verify(ctx: StepContext, out: str) -> Verdict:
+    found = _cost_inputs(ctx)
     if found is None:
-        return "total: ?\n"
-    bill, prices = found
-    return f"total: {_bill_text(bill)} | {' '.join(f'{g} {prices[g]}' for _, g in bill)}\n"
+        return Verdict(False, "no quantity and price: an earlier step gave no usable output")
+    want = str(found[0] * found[1])
+    return Verdict(out.strip() == want, f"{found[0]}*{found[1]} is {want}, not "
+                                         f"{out.strip()[:8]!r}")
 
 
-def _total_reference(ctx: StepContext) -> str:
-    found = _total_inputs(ctx)
-    return str(sum(q * found[1][g] for q, g in found[0])) if found else "0"
+def _costs(ctx: StepContext) -> list[int] | None:
+    """The outputs of every cost step before this one, as numbers (None if one is not)."""
+    outs = [ctx.outputs.get(s.id, "").strip() for s in ctx.plan.steps[:ctx.index()]
+            if s.type == "cost"]
+    return [int(o) for o in outs] if outs and all(o.isdigit() for o in outs) else None
 
 
-def _total_verify(ctx: StepContext, out: str) -> Verdict:
-    if _total_inputs(ctx) is None:
-        return Verdict(False, "no bill and prices: an earlier step gave no usable output")
-    want = _total_reference(ctx)
-    return Verdict(out.strip() == want, f"expected {want}, got {out.strip()[:8]!r}")
+def _sum_verify(ctx: StepContext, out: str) -> Verdict:
+    costs = _costs(ctx)
+    if costs is None:
+        return Verdict(False, "no costs: an earlier cost step gave no number")
+    return Verdict(out.strip() == str(sum(costs)), f"the sum is {sum(costs)}")
 
 
 PARSE = SubtaskType("parse", "the quantities and goods bought, e.g. '3 pens 2 cups'",
@@ -141,23 +152,29 @@ LOOKUP = SubtaskType("lookup", "each good's price from the shop's list, e.g. 'pe
                      observe=_lookup_observe, verify=_lookup_verify,
                      reference=lambda ctx: _prices_text([g for _, g in _parsed(ctx) or []]),
                      max_tokens=40)
-TOTAL = SubtaskType("total", "the bill: quantities times the looked-up prices, summed",
-                    observe=_total_observe, verify=_total_verify, reference=_total_reference,
-                    max_tokens=4)
+COST = SubtaskType("cost", "one good's cost: its quantity times its looked-up price",
+                   observe=lambda ctx: "cost {} {}\n".format(*(_cost_inputs(ctx) or "??")),
+                   verify=_cost_verify, reference=lambda ctx: str(
+                       (lambda f: f[0] * f[1] if f else 0)(_cost_inputs(ctx))), max_tokens=4)
+SUM = SubtaskType("sum", "the bill: the goods' costs summed",
+                  observe=lambda ctx: f"sum {' '.join(map(str, _costs(ctx) or ['?']))}\n",
+                  verify=_sum_verify, reference=lambda ctx: str(sum(_costs(ctx) or [0])),
+                  max_tokens=4)
 
 
 @FAMILIES.register("shopping")
 class Shopping(TaskFamily):
     """Shopping bills over the shop's price list (see the module docstring)."""
 
-    subtask_types = (PARSE, LOOKUP, TOTAL)
+    subtask_types = (PARSE, LOOKUP, COST, SUM)
     options_model = ShoppingOptions
-    whole_tokens = 4
+    whole_tokens = 4  # the bill: at most 4 x 9 x 9 = 324
 
     def make_task(self, rng: random.Random, index: int) -> Task:
         opts = self.options
-        goods = rng.sample(GOODS, rng.randint(min(2, opts.max_goods), opts.max_goods))
-        bill = [(rng.randint(1, opts.max_quantity), g) for g in goods]
+        goods = rng.sample(GOODS, rng.randint(opts.min_goods, max(opts.min_goods,
+                                                                  opts.max_goods)))
+        bill = [(rng.randint(2, opts.max_quantity), g) for g in goods]
         said = [f"{q} {g}" for q, g in bill]
         listed = said[0] if len(said) == 1 else f"{', '.join(said[:-1])} and {said[-1]}"
         data = {"items": [list(item) for item in bill],
@@ -165,7 +182,8 @@ class Shopping(TaskFamily):
         return Task(f"shopping/{index}", f"{rng.choice(NAMES)} buys {listed}", data)
 
     def rule_plan(self, task: Task) -> Plan:
-        return Plan.chain(["parse", "lookup", "total"])
+        goods = len(_QUANTITY.findall(task.text))  # "buys 3 pens, 2 cups and 4 maps": 3
+        return Plan.chain(["parse", "lookup", *["cost"] * goods, *["sum"] * (goods > 1)])
 
     def verify(self, task: Task, answer: str) -> Verdict:
         want = str(task.data["total"])

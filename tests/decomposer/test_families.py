@@ -307,7 +307,7 @@ def test_wordchain_whole_verifier() -> None:
 # ---------------------------------------------------------------------- shopping (a tool)
 BILL = Task("bill", "ana buys 3 pens and 2 cups", {"items": [[3, "pens"], [2, "cups"]],
                                                    "total": 3 * PRICES["pens"] + 2 * PRICES["cups"]})
-BILL_PLAN = Plan.chain(["parse", "lookup", "total"])
+BILL_PLAN = Plan.chain(["parse", "lookup", "cost", "cost", "sum"])
 PENS, CUPS = PRICES["pens"], PRICES["cups"]
 
 
@@ -317,9 +317,12 @@ PENS, CUPS = PRICES["pens"], PRICES["cups"]
     (1, ["3 pens 2 cups"], f"pens {PENS} cups {CUPS + 1}", "expected"),
     (1, ["3 pens"], f"pens {PENS}", ""),  # judged on the goods its own input names
     (1, ["three pens"], "pens 1", "no goods"),
-    (2, ["3 pens 2 cups", "pens 4 cups 7"], "26", ""),  # the prices it was shown, right or not
-    (2, ["3 pens 2 cups", "pens 4 cups 7"], "27", "expected 26"),
-    (2, ["3 pens 2 cups", "pens 4"], "12", "no bill and prices"),
+    (2, ["3 pens 2 cups", "pens 4 cups 7"], "12", ""),  # the prices it was shown, right or not
+    (3, ["3 pens 2 cups", "pens 4 cups 7", "12"], "14", ""),  # the second good
+    (3, ["3 pens 2 cups", "pens 4 cups 7", "12"], "12", "2*7 is 14"),
+    (3, ["3 pens 2 cups", "pens 4", "12"], "14", "no quantity and price"),
+    (4, ["3 pens 2 cups", "pens 4 cups 7", "12", "15"], "27", ""),  # the costs it was shown
+    (4, ["3 pens 2 cups", "pens 4 cups 7", "12", "x"], "12", "no costs"),
 ])
 def test_shopping_subtask_verifiers(step: int, before: list[str], out: str, reason: str) -> None:
     verdict = judge(make_family("shopping"), BILL, BILL_PLAN, step, before, out)
@@ -334,6 +337,7 @@ def test_shopping_prices_are_only_in_the_shops_list_and_its_tool_reads_them() ->
     fam = make_family("shopping")
     demo = dict((who, obs) for who, obs, _ in fam.demonstrations(BILL))
     assert demo["lookup"] == "lookup: pens cups\n" and str(PENS) not in demo["lookup"]
+    assert make_family("shopping").rule_plan(BILL) == BILL_PLAN  # one cost per good it reads
     assert demo["planner"] == "plan: ana buys 3 pens and 2 cups\n"
     ask = types.SimpleNamespace(observation="lookup: pens cups kettles\n")
     assert lookup_tool(ask) == f"pens {PENS} cups {CUPS} kettles ?"
@@ -349,7 +353,7 @@ def test_shopping_prices_are_only_in_the_shops_list_and_its_tool_reads_them() ->
         chain = env.infos[env.agents[0]]["chain"]
         assert chain["outcome"] == "solved", chain
         assert chain["answer"] == str(env.task.data["total"])
-    assert len(set(PRICES.values())) > 10 and len(GOODS) == 48
+    assert set(PRICES.values()) == set(range(1, 10)) and len(GOODS) == 48
 
 
 # ---------------------------------------------------------------------- plans and failures
