@@ -216,7 +216,10 @@ def local_league(tmp_path_factory) -> Path:
 
 
 def run_league(cluster: LocalRayCluster, run_dir: Path, *over: str) -> Driver:
-    sets = league(run_dir, "runtime.backend=ray", f"runtime.address={cluster.address}", *over)
+    # a result Ray cannot fetch within 60 s (not 300) is a lost worker: a pull from a surviving
+    # node after a node loss was seen to hang, and the run must recover inside the test's time
+    sets = league(run_dir, "runtime.backend=ray", f"runtime.address={cluster.address}",
+                  "runtime.collective_timeout_s=60", *over)
     return Driver(cluster, ["tournament", "run", str(EXAMPLES / "ttt_ppo_dpo.yaml"),
                             *(a for s in sets for a in ("--set", s))])
 

@@ -71,22 +71,29 @@ def gather(refs: list[Any], timeout_s: float) -> list[Any]:
     """The results of one call on every worker, or :class:`WorkerLost` as soon as one died.
 
     Waits one result at a time so that a dead worker is seen at once, not after its peers time
-    out in a collective (``timeout_s``). A result is fetched as soon as it is ready: a large one
-    lives on its worker's node until then, and a node lost in between takes it along
-    (``ObjectLostError``: the worker that made it is gone, so it is a lost worker too).
+    out in a collective (``timeout_s``). A result is fetched as soon as its call is done: a large
+    one lives on its worker's node until then, and a node lost in between takes it along
+    (``ObjectLostError``: the worker that made it is gone, so it is a lost worker too). A fetch
+    that does not end within ``timeout_s`` is a lost worker too: after a node loss Ray's pull of
+    a result from a surviving node was seen to wait forever (tests/test_multinode.py), and a
+    recovery makes the result again.
     """
     import ray
-    from ray.exceptions import ObjectLostError, OutOfMemoryError, RayActorError, RayTaskError
+    from ray.exceptions import (GetTimeoutError, ObjectLostError, OutOfMemoryError,
+                                RayActorError, RayTaskError)
 
     results: dict[int, Any] = {}
     pending = list(refs)
     while pending:
-        done, pending = ray.wait(pending, num_returns=1)
+        done, pending = ray.wait(pending, num_returns=1, fetch_local=False)
         i = refs.index(done[0])
         try:
-            results[i] = ray.get(done[0])
+            results[i] = ray.get(done[0], timeout=timeout_s)
         except (RayActorError, OutOfMemoryError, ObjectLostError) as exc:
             raise WorkerLost(f"worker {i} died: {exc}") from exc
+        except GetTimeoutError as exc:
+            raise WorkerLost(f"worker {i}'s result was not fetched in {timeout_s:.0f} s "
+                             f"(runtime.collective_timeout_s): {exc}") from exc
         except RayTaskError as exc:  # a peer died inside a collective, or a real bug
             if _peer_died(pending, timeout_s):
                 raise WorkerLost(f"worker {i} lost a peer: {exc}") from exc

@@ -31,6 +31,17 @@ from agentrt.core.errors import AgentrtError
 from agentrt.testing.redis_server import _die_with_parent, free_port
 
 
+def distinct_free_ports(n: int) -> list[int]:
+    """``n`` different free ports (two free_port() calls may give the same one, and Ray refuses
+    a node whose components share a port)."""
+    found: list[int] = []
+    while len(found) < n:
+        port = free_port()
+        if port not in found:
+            found.append(port)
+    return found
+
+
 # The GCS declares a node dead after this many missed health checks (Ray's defaults: every 3 s,
 # 5 misses, so about 15 s); a test sees a node loss in about 5 s.
 HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 5}
@@ -155,11 +166,10 @@ class LocalRayCluster:
         log = open(Path(self.tmp) / f"{name}.log", "ab")  # noqa: SIM115 (the node owns it)
         # Every port a node listens on is its own: Ray's fixed defaults (the dashboard agent's
         # 52365, the client server's 10001) would collide between nodes of one machine.
-        ports = {flag: free_port() for flag in (
-            "node-manager-port", "object-manager-port", "metrics-export-port",
-            "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port")}
-        if "--head" in args:
-            ports["ray-client-server-port"] = free_port()
+        flags = ["node-manager-port", "object-manager-port", "metrics-export-port",
+                 "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                 "runtime-env-agent-port"] + ["ray-client-server-port"] * ("--head" in args)
+        ports = dict(zip(flags, distinct_free_ports(len(flags))))
         cmd = [str(ray), "start", "--block", "--node-ip-address=127.0.0.1",
                "--disable-usage-stats", f"--object-store-memory={self.store_bytes}",
                *(f"--{flag}={port}" for flag, port in ports.items()), *args]
