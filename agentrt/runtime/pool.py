@@ -202,20 +202,22 @@ class BasePool:
 
     def weights(self, adapter: str | None = None) -> dict[str, torch.Tensor]:
         """Trainable weights of a policy or snapshot, from worker 0 (adapter only for LoRA)."""
-        return self._call_each(lambda w: w.trainable_state, [(self._name(adapter),)])[0]
+        return self._guarded(self._call_each, lambda w: w.trainable_state,
+                             [(self._name(adapter),)], journal=False)[0]
 
     def save_pretrained(self, folder: str | Path, adapter: str | None = None) -> Path:
         """Writes the policy in Hugging Face format (from worker 0; ``folder`` must be visible
         to it, e.g. shared storage on a cluster)."""
-        return Path(self._call_each(lambda w: w.save_pretrained,
-                                    [(str(folder), self._name(adapter))])[0])
+        return Path(self._guarded(self._call_each, lambda w: w.save_pretrained,
+                                  [(str(folder), self._name(adapter))], journal=False)[0])
 
     def state_dict(self) -> dict[str, Any]:
         """Checkpoint: every policy's learner state (with this driver's RAE baselines), snapshot
         weights, and each worker's torch RNG (``rng``, one per worker)."""
         with self._lock:
-            parts = self._call_each(lambda w: w.state_dict,
-                                    [(i == 0,) for i in range(self.num_workers)])
+            # a read, but one a lost worker must not fail: retried after a recovery
+            parts = self._guarded(self._call_each, lambda w: w.state_dict,
+                                  [(i == 0,) for i in range(self.num_workers)], journal=False)
             state = parts[0]
             state["rng"] = [p["rng"] for p in parts]
             for name, eng_state in state["policies"].items():
