@@ -206,8 +206,7 @@ class BasePool:
                              [(self._name(adapter),)], journal=False)[0]
 
     def save_pretrained(self, folder: str | Path, adapter: str | None = None) -> Path:
-        """Writes the policy in Hugging Face format (from worker 0; ``folder`` must be visible
-        to it, e.g. shared storage on a cluster)."""
+        """Writes the policy in Hugging Face format from worker 0 (``folder``: visible to it)."""
         return Path(self._guarded(self._call_each, lambda w: w.save_pretrained,
                                   [(str(folder), self._name(adapter))], journal=False)[0])
 
@@ -215,8 +214,7 @@ class BasePool:
         """Checkpoint: every policy's learner state (with this driver's RAE baselines), snapshot
         weights, and each worker's torch RNG (``rng``, one per worker)."""
         with self._lock:
-            # a read, but one a lost worker must not fail: retried after a recovery
-            parts = self._guarded(self._call_each, lambda w: w.state_dict,
+            parts = self._guarded(self._call_each, lambda w: w.state_dict,  # retried if lost
                                   [(i == 0,) for i in range(self.num_workers)], journal=False)
             state = parts[0]
             state["rng"] = [p["rng"] for p in parts]
