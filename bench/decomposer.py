@@ -140,16 +140,10 @@ def arms_of(family: str) -> tuple[str, ...]:
 def compare(family: str, args: argparse.Namespace, root: Path, seed: int) -> dict[str, Any]:
     """Every arm of ``family`` trained with training seed ``seed``, on the same tasks."""
     out: dict[str, Any] = {}
-    tasks = args.tasks_per_step
-    per_step = None
+    tasks = args.tasks_per_step  # the generalist's: set from the decomposer's trajectories
     for arm in arms_of(family):
-        if arm == "generalist" and per_step is not None:
-            # The generalist trains on as many RL trajectories per step as the chains gave
-            # (one per subtask attempt): that many whole tasks per step.
-            tasks = max(1, round(per_step / 4))
-        cfg = config(root / f"{family}_{arm}_seed{seed}", family, arm, args,
-                     tasks_per_step=args.tasks_per_step if arm != "generalist" else tasks,
-                     seed=seed)
+        cfg = config(root / f"{family}_{arm}_seed{seed}", family, arm, args, seed=seed,
+                     tasks_per_step=tasks if arm == "generalist" else args.tasks_per_step)
         rows, seconds = run(cfg)
         evals = [r for r in rows if "eval/success" in r]
         out[arm] = {"success": evals[-1]["eval/success"], "start": evals[0]["eval/success"],
@@ -159,7 +153,10 @@ def compare(family: str, args: argparse.Namespace, root: Path, seed: int) -> dic
                                  for k, v in evals[-1].items()
                                  if k.startswith("eval/subtask_success/")}}
         if arm == "decomposer" and args.rl_steps:
+            # The generalist trains on as many RL trajectories per step as the chains gave
+            # (one per subtask attempt): that many whole tasks per step.
             per_step = out[arm]["samples"][1] / args.rl_steps
+            tasks = max(1, round(per_step / cfg.train.group_size))
     n = args.eval_size
     print(f"\n== {family}, training seed {seed} ({args.split} split): held-out task success on "
           f"{n} tasks ==")

@@ -15,24 +15,22 @@ import shutil
 from agentrt.core.errors import ConfigError
 
 
-def cxx_compiler() -> str | None:
-    """The path of the compiler inductor would run (``$CXX``, else ``g++``), or None."""
-    return shutil.which(os.environ.get("CXX") or "g++")
+def find_compiler(default: str = "g++") -> str | None:
+    """The path of ``$CXX``, else of ``default`` (inductor runs ``g++``, torch's C++ extension
+    loader ``c++``), or None."""
+    return shutil.which(os.environ.get("CXX") or default)
 
 
-def extension_compiler() -> str | None:
-    """The path of the compiler torch's C++ extension loader runs (``$CXX``, else ``c++``), or
-    None."""
-    return shutil.which(os.environ.get("CXX") or "c++")
+def missing(default: str = "g++") -> str:
+    """Why :func:`find_compiler` found none, for an error line."""
+    cxx = os.environ.get("CXX")
+    return f"CXX={cxx!r} was not found" if cxx else f"no {default} is on PATH"
 
 
 def require_compiler(field: str) -> None:
     """Raises one :class:`ConfigError` line for ``field`` (a ``compile: true``) when
-    :func:`cxx_compiler` finds none."""
-    if cxx_compiler() is not None:
-        return
-    named = (f"CXX={os.environ['CXX']!r} was not found" if os.environ.get("CXX") else
-             "no g++ is on PATH")
-    raise ConfigError(f"{field}: torch.compile builds C++ and needs a C++ compiler, but {named}"
-                      "; install one (`make system-packages`, or apt-get install g++) "
-                      "or set compile: false")
+    :func:`find_compiler` finds none."""
+    if find_compiler() is None:
+        raise ConfigError(f"{field}: torch.compile builds C++ and needs a C++ compiler, but "
+                          f"{missing()}; install one (`make system-packages`, or apt-get "
+                          "install g++) or set compile: false")

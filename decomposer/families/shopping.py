@@ -49,25 +49,25 @@ class ShoppingOptions(FamilyOptions):
     max_goods: int = Field(2, ge=1, le=4, description="Most goods in one task.")
 
 
+def _pairs(text: str) -> list[tuple[str, str]]:
+    """The words of ``text`` two by two ([] for none or an odd count)."""
+    words = text.split()
+    return [] if len(words) % 2 else list(zip(words[::2], words[1::2]))
+
+
 def read_bill(text: str) -> Bill | None:
     """``[(3, "pens"), (2, "cups")]`` of "3 pens 2 cups"; None unless it is quantity-good pairs
     of known goods."""
-    words = text.split()
-    if not words or len(words) % 2:
-        return None
-    pairs = list(zip(words[::2], words[1::2]))
-    if not all(q.isdigit() and g in PRICES for q, g in pairs):
+    pairs = _pairs(text)
+    if not pairs or not all(q.isdigit() and g in PRICES for q, g in pairs):
         return None
     return [(int(q), g) for q, g in pairs]
 
 
 def read_prices(text: str) -> dict[str, int] | None:
     """``{"pens": 4, "cups": 7}`` of "pens 4 cups 7"; None unless it is good-price pairs."""
-    words = text.split()
-    if not words or len(words) % 2:
-        return None
-    pairs = list(zip(words[::2], words[1::2]))
-    if not all(p.isdigit() for _, p in pairs):
+    pairs = _pairs(text)
+    if not pairs or not all(p.isdigit() for _, p in pairs):
         return None
     return {g: int(p) for g, p in pairs}
 

@@ -9,8 +9,9 @@ block (the hardware prefetcher stops at every short block of the cache): llama-s
 rows, bf16, compiled, the attention of a generate call 49 -> 21-28 ms of ~180-200 ms
 (docs/performance.md). The prefill's queries (a few per row, causal mask) go through it too.
 
-Built by ``make install`` where a C++ compiler is (:func:`build`), else on first use, with torch's C++ extension loader (ninja and the C++ compiler that
-torch.compile needs anyway; ~20 s once, cached under ``TORCH_EXTENSIONS_DIR``). Where it
+Built by ``make install`` where a C++ compiler is (:func:`build`), else on first use, with
+torch's C++ extension loader (ninja and the C++ compiler that torch.compile needs anyway; ~20 s
+once, cached under ``TORCH_EXTENSIONS_DIR``). Where it
 cannot be built, :func:`available` is False (and says why in one warning) and the decoder keeps
 SDPA, the compiled step its tensor-op attention: the same tokens, slower.
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from agentrt.core.compiler import extension_compiler
+from agentrt.core.compiler import find_compiler, missing
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cache_attention.cpp")
@@ -77,11 +78,10 @@ def _load() -> bool:
     # lock file that a process killed mid-build (kill -9 of a worker) leaves behind, and every
     # later load waits on it forever.
     name = build_name()
-    if extension_compiler() is None:
+    if find_compiler("c++") is None:
         log.warning("the cache attention kernel was not built: no C++ compiler (%s); attention "
                     "runs as SDPA or tensor ops (same tokens, slower decoding); install g++ "
-                    "(make system-packages)", f"CXX={os.environ['CXX']!r} not found"
-                    if os.environ.get("CXX") else "no c++ on PATH")
+                    "(make system-packages)", missing("c++"))
         return False
     try:
         folder = Path(cpp_extension._get_build_directory(name, verbose=False))
