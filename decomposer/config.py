@@ -18,6 +18,7 @@ is the generalist baseline: the whole task is one ``solve`` step.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from agentrt.decomposer.router import RouterConfig
@@ -66,6 +67,20 @@ class SpecialistPolicy(PolicyConfig):
         (), description="Subtask types (or tags) this policy is routed; empty for the planner.")
     sft_steps: int | None = Field(
         None, ge=0, description="Warm-start SFT steps of this policy (None: sft.steps).")
+    sft_match: str | None = Field(
+        None, description="Warm-start only on the rows of its subtask types whose observation "
+                          "matches this regular expression (re.search), e.g. specialists for "
+                          "different slices of the work; None: every row of its types.")
+
+    @field_validator("sft_match")
+    @classmethod
+    def _regex(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"not a regular expression ({e}): {pattern!r}") from None
+        return pattern
 
     @field_validator("memory")
     @classmethod

@@ -134,10 +134,11 @@ def write_report(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     chains = read_jsonl(run_dir / "chains.jsonl")
-    if not chains:
-        raise AgentrtError(f"{run_dir / 'chains.jsonl'} holds no readable chain record; give "
-                           "the folder of a decomposer run that played at least one step")
     evals = read_jsonl(run_dir / "eval_chains.jsonl")
+    if not chains and not evals:  # a run of 0 steps (a warm start only) has its evaluation
+        raise AgentrtError(f"{run_dir} holds no readable chain record (chains.jsonl, "
+                           "eval_chains.jsonl); give the folder of a decomposer run that played "
+                           "a step or an evaluation")
     e = html.escape
     parts = [f"<h1>Decomposer run {e(run_dir.name)}</h1>"]
     parts += _success_table(metrics)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from collections import Counter, defaultdict
 from typing import Any, Callable
 
@@ -33,6 +34,7 @@ from agentrt.controller.launch import Run
 from agentrt.controller.loop import Controller, greedy
 from agentrt.controller.run_dir import count_jsonl, truncate_jsonl
 from agentrt.controller.workload import Workload
+from agentrt.core.errors import ConfigError
 from agentrt.core.registry import import_callable
 from agentrt.runner.core import ROUTED, EpisodeRunner, EpisodeSpec, RunnerConfig, RunResult
 from agentrt.runner.record import EpisodeRecord
@@ -131,7 +133,7 @@ class DecomposeWorkload(Workload):
         out: dict[str, list[Example]] = {}
         rows_of_tasks = [row for task in self.train_tasks
                          for row in self.family.demonstrations(task)]  # once for all policies
-        for p in self.cfg.policies:
+        for i, p in enumerate(self.cfg.policies):
             if not p.trainable:
                 continue
             mine = {k for k, t in types.items() if set(t.skills) & set(skills.get(p.id, ()))}
@@ -141,6 +143,13 @@ class DecomposeWorkload(Workload):
                 mine -= {WHOLE}
             rows = [Example(obs, target) for who, obs, target in rows_of_tasks
                     if who in mine or (who == PLANNER and p.id == self.planner)]
+            if p.sft_match is not None:
+                pattern = re.compile(p.sft_match)
+                rows = [ex for ex in rows if pattern.search(ex.prompt)]
+                if not rows and (self.cfg.sft.steps if p.sft_steps is None else p.sft_steps):
+                    raise ConfigError(f"policies.{i}.sft_match: {p.sft_match!r} matches no warm-"
+                                      f"start row of {p.id}'s subtask types "
+                                      f"({', '.join(sorted(mine)) or 'none'})")
             if rows:
                 out[p.id] = rows
         return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from agentrt.config.load import load_config, validate_config
 from agentrt.decomposer.config import DecomposeConfig
 from agentrt.decomposer.workload import Decomposer, DecomposeWorkload, chain_metrics, chain_of
 from agentrt.controller.checkpoint import load_checkpoint
+from agentrt.core.errors import ConfigError
 from agentrt.controller.run_dir import RunDir
 from agentrt.runner.core import EpisodeRunner
 
@@ -371,7 +373,9 @@ def test_killed_run_resumes_to_the_uninterrupted_chains_and_weights(
     ({"tools": [CALC]}, "no policy or tool has a skill for subtask type 'format'"),
     ({"planner": {"kind": "lm"}}, "planner.policy must name one of the policies for kind: lm"),
     ({"family": {"name": "wordsoup"}}, "family.name: "),
-], ids=["no-skill-for-a-type", "lm-planner-without-policy", "unknown-family"])
+    ({"policies": [{**lm("reader", Path("m"), ["parse"], 10), "sft_match": "bags (of"}]},
+     "policies.0.sft_match"),
+], ids=["no-skill-for-a-type", "lm-planner-without-policy", "unknown-family", "bad-sft-match"])
 def test_bad_config_is_one_error_line_naming_the_field(
         tmp_path: Path, tiny_model_dir: Path, monkeypatch, capsys, patch: dict,
         expected: str) -> None:
@@ -414,3 +418,30 @@ def test_report_command_rewrites_the_report(tool_run: Path, tmp_path: Path, monk
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and err == f"error: {tmp_path} has no chains.jsonl; is it a " \
                                             "decomposer run folder?"
+
+
+def test_sft_match_warm_starts_a_specialist_on_its_slice_only(tmp_path: Path,
+                                                               tiny_model_dir: Path) -> None:
+    """Two readers of the same types, each warm-started on the rows of its own templates: every
+    row a reader gets matches its pattern, together they get every row, and a pattern that
+    matches no row is refused naming the field before any training."""
+    one, two = "bags of|shares them|away and buys", "rows of|finds|loses"
+    readers = [{**lm("reader1", tiny_model_dir, ["parse", "format"], 10), "sft_match": one},
+               {**lm("reader2", tiny_model_dir, ["parse", "format"], 10), "sft_match": two}]
+    cfg = validate_config(tool_config(tmp_path / "run", tiny_model_dir, policies=readers),
+                          DecomposeConfig)
+    work = DecomposeWorkload(cfg)
+    rows = work.demonstration_rows()
+    everything = [obs for task in work.train_tasks for who, obs, _ in
+                  work.family.demonstrations(task) if who in ("parse", "format")]
+    assert rows["reader1"] and rows["reader2"]
+    assert all(re.search(one, ex.prompt) and not re.search(two, ex.prompt)
+               for ex in rows["reader1"])
+    assert all(re.search(two, ex.prompt) for ex in rows["reader2"])
+    assert sorted(ex.prompt for r in rows.values() for ex in r) == sorted(everything)
+
+    nothing = [{**readers[0], "sft_match": "^mul "}, readers[1]]  # reader1 has no mul rows
+    cfg = validate_config(tool_config(tmp_path / "run2", tiny_model_dir, policies=nothing),
+                          DecomposeConfig)
+    with pytest.raises(ConfigError, match=r"policies\.0\.sft_match: '\^mul ' matches no"):
+        DecomposeWorkload(cfg).demonstration_rows()
