@@ -23,11 +23,20 @@ arm trains once per training seed (``--seeds``) and is evaluated on the same hel
 difference of two arms is the mean over seeds and tasks, with a 95% interval from a bootstrap
 that resamples seeds and tasks (crossed: every seed is evaluated on every task).
 
+``--routing`` (on wordchain, per training seed): routing among trained candidates. Four
+specialists are warm-started on slices of the rows (``CANDIDATES``: two readers on different
+templates, two calculators on different operations; ``sft_match``), then frozen, and the same
+held-out tasks are played with routing fixed to one candidate per type (``fixed 1``, ``fixed
+2``) and with the router choosing among all four after learning from ``--routing-steps`` steps
+of training chains, by its per-type ratings alone or with the memory of similar past subtasks.
+The router reads only the outcomes: not the slices.
+
 ``shopping`` (a tool-using family) adds the arm ``no-tool``: the decomposer with an LM specialist
 doing the price lookups instead of the shop's tool (same SFT budget over its LM specialists).
 
     .venv/bin/python bench/decomposer.py [--families wordchain eventplan shopping]
         [--seeds 1 2 3] [--split test|validation] [--sft-samples 80000] [--json OUT.json]
+        [--routing [--routing-steps 8]]
 """
 
 from __future__ import annotations
@@ -66,6 +75,22 @@ SHARES = {"wordchain": {"reader": 0.2, "calc": 0.8},
           # sum are the arithmetic; without the tool a third learns the price list
           "shopping": {"reader": 0.2, "calc": 0.8},
           "shopping/no-tool": {"reader": 0.2, "looker": 0.3, "calc": 0.5}}
+
+
+# Routing among trained candidates (``--routing``), on wordchain: two readers warm-started on
+# different templates (a split by content: per subtask type they are about as good, so only the
+# memory of similar past subtasks can tell them apart) and two calculators on different
+# operations (a split by type, which the per-type ratings can find). Each gets its share of the
+# same SFT budget (id -> skills, the rows it is warm-started on, share); set before any run.
+CANDIDATES = {"reader1": (("parse", "format"), "bags of|shares them|away and buys", 0.2),
+              "reader2": (("parse", "format"), "rows of|finds|loses", 0.2),
+              "calc1": (("add", "sub", "mul", "div"), r"^(add|sub) ", 0.3),
+              "calc2": (("add", "sub", "mul", "div"), r"^(mul|div) ", 0.3)}
+# How the frozen candidates are routed: fixed to one candidate per type (the first or the second
+# of each pair), or by the router learning from the outcomes of --routing-steps steps of chains.
+ROUTES = {"fixed 1": {"only": ("reader1", "calc1")}, "fixed 2": {"only": ("reader2", "calc2")},
+          "ratings": {"router": {"memory": False}},
+          "ratings+memory": {"router": {"memory": True}}}
 
 
 def policy(pid: str, skills: list[str], max_new_tokens: int = 64, **extra: Any) -> dict:
@@ -238,6 +263,70 @@ def planner_arm(family: str, specialists_dir: Path, args: argparse.Namespace, ro
     return {"evals": evals}
 
 
+def routing_compare(args: argparse.Namespace, root: Path, seed: int) -> dict[str, Any]:
+    """The candidates warm-started on their slices (one run), then frozen and routed each way of
+    ``ROUTES`` on the same held-out tasks; only the routing differs between the arms."""
+    sft_steps = args.routing_sft_samples // 64
+    steps = {"tasks_per_step": args.tasks_per_step, "group_size": 4}
+    trained = [policy(pid, list(skills), sft_steps=int(sft_steps * share), sft_match=match)
+               for pid, (skills, match, share) in CANDIDATES.items()]
+    base = config(root / f"routing_candidates_seed{seed}", "wordchain", "decomposer", args,
+                  args.tasks_per_step, seed=seed, policies=trained, train={"steps": 0, **steps})
+    run(base)
+    out: dict[str, Any] = {}
+    for name, route in ROUTES.items():
+        ids = route.get("only", tuple(CANDIDATES))
+        frozen = [policy(pid, list(CANDIDATES[pid][0]), trainable=False,
+                         model={"path": str(Path(base.run_dir) / "final" / pid)}) for pid in ids]
+        for p in frozen:  # the router learns from how they act when evaluated: greedily
+            p["rollout"]["sampling"]["temperature"] = 0.0
+        n = 0 if "only" in route else args.routing_steps
+        # After a failed step the chain goes on (its verifiers judge each step by what it was
+        # shown), so the router sees outcomes of every type, not only of the first ones.
+        cfg = config(root / f"routing_{name.replace(' ', '_')}_seed{seed}", "wordchain",
+                     "decomposer", args, args.tasks_per_step, seed=seed, policies=frozen,
+                     router={"exploration": "ucb", **route.get("router", {})},
+                     chain={"on_failure": "continue"},
+                     train={"steps": n, **steps},
+                     eval={"every": max(1, n), "examples": args.eval_size},
+                     checkpoint={"every": max(1, n), "keep": 1})
+        rows, seconds = run(cfg)
+        last = [r for r in rows if "eval/success" in r][-1]
+        routed = [r for r in rows if any(k.startswith("routing/load/") for k in r)]
+        out[name] = {"success": last["eval/success"], "seconds": seconds,
+                     "outcomes": outcomes(cfg.run_dir), "run_dir": cfg.run_dir,
+                     "subtasks": {k.removeprefix("eval/subtask_success/"): v
+                                  for k, v in last.items()
+                                  if k.startswith("eval/subtask_success/")},
+                     "load": {k.removeprefix("routing/load/"): v for k, v in
+                              (routed[-1] if routed else {}).items()
+                              if k.startswith("routing/load/")}}
+    print(f"\n== routing among trained candidates, training seed {seed} ({args.split} split): "
+          f"held-out task success on {args.eval_size} tasks ==")
+    print(f"{'routing':<16} {'success':>8}  subtask success; share of the routing steps' traffic")
+    for name, r in out.items():
+        print(f"{name:<16} {r['success']:8.3f}  " + ", ".join(
+            f"{k} {v:.2f}" for k, v in sorted(r["subtasks"].items())) + (
+            "; " + ", ".join(f"{k} {v:.2f}" for k, v in r["load"].items()) if r["load"] else ""))
+    return out
+
+
+def routing_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each routed arm against each fixed arm and memory against none, over seeds and tasks."""
+    out: dict[str, Any] = {name: [r[name]["success"] for r in runs] for name in ROUTES}
+    print(f"\n== routing among trained candidates: {len(runs)} training seeds x "
+          f"{len(runs[0]['fixed 1']['outcomes'])} held-out tasks ==")
+    for name in ROUTES:
+        print(f"{name:<16} success per seed: {', '.join(f'{x:.3f}' for x in out[name])}")
+    pairs = [(a, b) for a in ("ratings", "ratings+memory") for b in ("fixed 1", "fixed 2")]
+    for a, b in [*pairs, ("ratings+memory", "ratings")]:
+        mean, lo, hi = crossed_interval([r[a]["outcomes"] for r in runs],
+                                        [r[b]["outcomes"] for r in runs])
+        out[f"{a} - {b}"] = (mean, lo, hi)
+        print(f"{a} - {b}: {mean:+.3f}  95% CI [{lo:+.3f}, {hi:+.3f}] (seeds and tasks)")
+    return out
+
+
 def machine() -> dict[str, Any]:
     """The commit and machine a result came from."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -248,7 +337,7 @@ def machine() -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", nargs="+", default=["wordchain", "eventplan", "shopping"])
+    ap.add_argument("--families", nargs="*", default=["wordchain", "eventplan", "shopping"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3],
                     help="Training seeds (every arm trains once per seed).")
     ap.add_argument("--split", choices=sorted(SPLITS), default="test",
@@ -263,6 +352,12 @@ def main() -> None:
                          "(0: no planner arm).")
     ap.add_argument("--planner-temperature", type=float, default=0.7)
     ap.add_argument("--planner-lr", type=float, default=1e-4)
+    ap.add_argument("--routing", action="store_true",
+                    help="Also route four trained candidates (CANDIDATES) fixed and by the router.")
+    ap.add_argument("--routing-sft-samples", type=int, default=160000,
+                    help="SFT rows of the four candidates together.")
+    ap.add_argument("--routing-steps", type=int, default=8,
+                    help="Steps of chains the router learns from (the candidates frozen).")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="Folder of the runs (default: a temp folder).")
     ap.add_argument("--json", default=None, help="Write the raw results here.")
@@ -280,13 +375,16 @@ def main() -> None:
         runs = [compare(family, args, root, seed) for seed in args.seeds]
         raw["runs"][family] = runs
         raw["summary"][family] = summarize(family, runs)
+    if args.routing:
+        raw["routing"] = [routing_compare(args, root, seed) for seed in args.seeds]
+        raw["summary"]["routing"] = routing_summary(raw["routing"])
     if "wordchain" in args.families and args.planner_steps:
         raw["planner"] = planner_arm("wordchain", Path(
             raw["runs"]["wordchain"][0]["decomposer"]["run_dir"]), args, root, args.seeds[0])
     print("\nsummary: " + "; ".join(
         f"{f}: decomposer - generalist {r['decomposer - generalist'][0]:+.3f} "
         f"[{r['decomposer - generalist'][1]:+.3f}, {r['decomposer - generalist'][2]:+.3f}]"
-        for f, r in raw["summary"].items()))
+        for f, r in raw["summary"].items() if f != "routing"))
     print(f"runs: {root}")
     if args.json:
         Path(args.json).write_text(json.dumps(raw, indent=1))

@@ -1,8 +1,9 @@
 """bench/decomposer.py at toy size (one RL step per arm, one seed), so the bench cannot rot: two
 families' arms (the shopping family's no-tool arm too; eventplan's arms are wordchain's) train
 on the same held-out tasks of the chosen split, the raw JSON keeps every task's outcome per arm
-and seed, and the interval over seeds and tasks is computed from them (issue 40; the
-interval's resampling of several seeds is checked on its own below)."""
+and seed, and the interval over seeds and tasks is computed from them; four trained candidates
+are routed fixed and by the router (issue 40; the interval's resampling of several seeds is
+checked on its own below)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench" / "decomposer.py"
@@ -29,7 +32,8 @@ def test_the_bench_runs_every_arm_of_every_family_for_each_seed(tmp_path: Path) 
          "--seeds", "1", "--split", "validation", "--sft-samples", "640", "--rl-steps",
          "1", "--tasks-per-step", "2", "--eval-size", "6", "--planner-steps", "1",
          "--planner-sft-steps", "1", "--out", str(tmp_path / "runs"), "--json",
-         str(tmp_path / "raw.json"), "--shares", "wordchain:reader=0.5,calc=0.5"],
+         str(tmp_path / "raw.json"), "--shares", "wordchain:reader=0.5,calc=0.5",
+         "--routing", "--routing-steps", "1", "--routing-sft-samples", "640"],
         capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     raw = json.loads((tmp_path / "raw.json").read_text())
@@ -52,6 +56,23 @@ def test_the_bench_runs_every_arm_of_every_family_for_each_seed(tmp_path: Path) 
     assert "lookup_tool" not in no_tool and "looker" in no_tool
     assert "SFT split of wordchain: {'reader': 0.5, 'calc': 0.5}" in out.stdout
     assert "decomposer - no-tool" in out.stdout and "LM planner" in out.stdout
+    # routing among trained candidates: the four candidates trained once, then frozen and
+    # routed fixed (two of them) or by the router (all four, learning from one step of chains)
+    [routing] = raw["routing"]
+    assert set(routing) == {"fixed 1", "fixed 2", "ratings", "ratings+memory"}
+    assert all(set(arm["outcomes"]) == tasks for arm in routing.values())
+    for name, arm in routing.items():
+        cfg = yaml.safe_load((Path(arm["run_dir"]) / "config.yaml").read_text())
+        ids = [p["id"] for p in cfg["policies"]]
+        assert not any(p["trainable"] for p in cfg["policies"])
+        assert ids == (["reader1", "calc1"] if name == "fixed 1" else ["reader2", "calc2"]
+                       if name == "fixed 2" else ["reader1", "reader2", "calc1", "calc2"])
+        assert cfg["router"]["memory"] == (name == "ratings+memory")
+        assert cfg["train"]["steps"] == (0 if name.startswith("fixed") else 1)
+    assert "ratings+memory - ratings" in raw["summary"]["routing"]
+    # the candidates' run is a warm start only (0 steps): its evaluation, report and weights
+    trained = tmp_path / "runs" / "routing_candidates_seed1"
+    assert (trained / "report.html").exists() and (trained / "final" / "calc2").is_dir()
 
 
 def test_the_interval_resamples_seeds_and_tasks() -> None:
