@@ -135,6 +135,34 @@ def test_kill_9_of_a_worker_mid_run_loses_no_trajectory(pool, tiny_model_dir, ca
     assert diff < 1e-5
 
 
+
+def test_a_worker_lost_while_the_pool_recovers_is_recovered_again(pool, tiny_model_dir):
+    """A worker killed, then the restarted worker killed too while the pool replays its journal
+    (as when Ray restarts an actor of a dead node a second time): the pool recovers again, from
+    its checkpoint, and ends at the weights of an uninterrupted run."""
+    local = LocalPool(ppo_policy(tiny_model_dir), seed=0)
+    local.load_state_dict(pool.state_dict())
+    batches = make_batches(local, 3, seed=2)
+    pool.train(batches[0])
+    local.train(batches[0])
+    impl, args = pool._journal[-1]
+    killed: list[int] = []
+
+    def kill_then_replay(*a):  # the journal's last call, replayed by the first recovery
+        if not killed:
+            killed.append(pool.pids[0])  # a restarted worker: the pool knows its new pid
+            os.kill(pool.pids[0], signal.SIGKILL)
+        return impl(*a)
+
+    pool._journal[-1] = (kill_then_replay, args)
+    restarts, first = pool.worker_restarts, pool.pids[1]
+    os.kill(first, signal.SIGKILL)
+    for trajs in batches[1:]:
+        pool.train(trajs)
+        local.train(trajs)
+    assert killed and killed[0] != first and pool.worker_restarts == restarts + 2
+    assert max_diff(pool.weights(), local.weights()) < 1e-5
+
 def test_rows_sampled_before_a_step_are_recomputed_not_taken_from_the_rollout(
         tiny_model_dir, caplog):
     """Several steps per batch on an fp32 rollout take the rollout's log-probs as the old ones,

@@ -122,13 +122,14 @@ class PolicyPool(BasePool):
     Fault tolerance: the pool keeps its last checkpoint (the state its ``state_dict`` returned or
     ``load_state_dict`` received; the initial state before that) and a journal of every
     state-changing call since (``train``/``sft_step``/``snapshot``, with their trajectories,
-    which live on the driver). When a worker dies, Ray restarts it (``max_restarts``), the pool
-    restarts the others too (their process group lost a peer), restores the checkpoint, replays
-    the journal and retries the failed call: no trajectory is lost or trained twice. Each such
-    recovery is logged and counted in ``runtime/worker_restarts``, and the wall time it cost (the
-    failed call's and the recovery's) in ``runtime/recovery_s``. A lost node is the same: Ray
-    moves the placement group's bundles that were on it to nodes with room (or waits for one)
-    and restarts the actors there.
+    which live on the driver). When a worker dies, the pool replaces every worker by a fresh
+    actor (their process group lost a peer), restores the checkpoint, replays the journal and
+    retries the failed call: no trajectory is lost or trained twice. A worker lost during a
+    recovery starts it again, up to ``max_recoveries`` per call. Each recovery is logged and
+    counted in ``runtime/worker_restarts``, and the wall time it cost (the failed call's and the
+    recovery's) in ``runtime/recovery_s``. A lost node is the same: Ray moves the placement
+    group's bundles that were on it to nodes with room (or waits for one) and the fresh actors
+    start there.
 
     Args:
         policies: One policy, or several LoRA policies sharing a base model.
@@ -188,16 +189,17 @@ class PolicyPool(BasePool):
                 "resources.num_workers / cpus_per_worker or add nodes")
         threads = max(1, int(self.res.cpus_per_worker))
         remote = ray.remote(PolicyWorker)
-        self.workers = [
-            remote.options(
+
+        def spawn(i: int) -> Any:  # worker i, in its bundle of the placement group
+            return remote.options(
                 num_cpus=self.res.cpus_per_worker, num_gpus=self.res.gpus_per_worker,
                 max_restarts=self.res.max_restarts, max_task_retries=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.pg, placement_group_bundle_index=i),
-            ).remote(policies, seed, total_steps, threads,
-                     keep_memory=self.keep_memory)
-            for i in range(self.num_workers)
-        ]
+            ).remote(policies, seed, total_steps, threads, keep_memory=self.keep_memory)
+
+        self._spawn = spawn
+        self.workers = [spawn(i) for i in range(self.num_workers)]
         self.pids: list[int] = []
         self._connect()
 
@@ -242,16 +244,27 @@ class PolicyPool(BasePool):
         """``impl(*args)``, retried after a recovery when a worker died; with ``journal``,
         kept in the journal (replayed after a later recovery)."""
         with self._lock:
-            for attempt in range(self.max_recoveries + 1):
+            recoveries = 0
+            while True:
                 start = time.monotonic()
                 try:
                     out = impl(*args)
                     break
                 except WorkerLost as exc:
-                    if attempt == self.max_recoveries:
-                        raise
-                    self._recover(exc)
-                    self.recovery_s += time.monotonic() - start  # the failed try + recovery
+                    lost: WorkerLost | None = exc
+                # A recovery can lose a worker too (e.g. Ray restarts an actor of a dead node a
+                # second time while the journal is replayed): each recovery starts from the
+                # checkpoint again, so it is simply tried again, within the same budget.
+                while lost is not None:
+                    if recoveries == self.max_recoveries:
+                        raise lost
+                    recoveries += 1
+                    try:
+                        self._recover(lost)
+                        lost = None
+                    except WorkerLost as exc:
+                        lost = exc
+                self.recovery_s += time.monotonic() - start  # the failed tries + recoveries
             if journal:
                 self._journal.append((impl, args))
             return out
@@ -275,8 +288,12 @@ class PolicyPool(BasePool):
                     "replaying %d calls (%d trajectories kept on the driver)", self.cfg.id, exc,
                     len(self._journal), trajs)
         old = list(self.pids)
-        for w in self.workers:  # peers of a dead worker hold a broken process group
-            ray.kill(w, no_restart=False)
+        # Every worker is replaced (peers of a dead worker hold a broken process group) by a
+        # fresh actor in its bundle: a Ray restart would use up the actor's max_restarts, two
+        # or three recoveries in a long run, and the next loss would end it.
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+        self.workers = [self._spawn(i) for i in range(self.num_workers)]
         self._connect(old_pids=old)
         if self._checkpoint is not None:
             self._load(ray.get(self._checkpoint))
