@@ -40,13 +40,13 @@ def probe(mode: str) -> dict:
 def test_freed_memory_is_reused_instead_of_faulted_in_every_step():
     default, kept = probe("default"), probe("keep")
     assert not default["applied"] and kept["applied"]
-    # the default returns the large blocks to the OS: every step faults them in again (29-91k
+    # the default returns the large blocks to the OS: every step faults them in again (16-91k
     # pages a step measured); kept, the later steps reuse them: most fault (almost) nothing,
-    # though one may still fault in a block while the trim threshold settles (0-32k measured)
+    # though some may still fault in one 64 MB block (16,384 pages) while the trim threshold
+    # settles (0-32k measured; four steps of six once, under load), so the test compares totals
     later_default, later_kept = default["faults"][2:], kept["faults"][2:]
     assert min(later_default) > 16384
-    reused = [f for f in later_kept if f < min(later_default) / 8]
-    assert len(reused) >= len(later_kept) // 2, (later_kept, later_default)
+    assert sum(later_kept) <= sum(later_default) / 2, (later_kept, later_default)
 
 
 def test_on_by_default_and_off_by_config():

@@ -16,7 +16,7 @@ from agentrt.tools.ckpt_check import check
 ROOT = Path(__file__).resolve().parents[1]
 AGENTRT = [sys.executable, "-m", "agentrt.cli"]
 SHORT = ["train.steps=1", "warm_start.steps=1", "train.games_per_step=8", "eval.games=4",
-         "eval.every=2", "progress=false", "threads=1"]
+         "eval.every=2", "eval.exploitability=off", "progress=false", "threads=1"]
 
 
 def config(tmp: Path, name: str, **policy: object) -> Path:
