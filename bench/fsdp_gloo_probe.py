@@ -20,6 +20,7 @@ Run: ``.venv/bin/python bench/fsdp_gloo_probe.py`` (about a minute on 2 cores).
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -129,4 +130,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     main()

@@ -12,6 +12,7 @@ judged (they are not agentrt's).
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
@@ -58,4 +59,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     sys.exit(main())
