@@ -146,6 +146,11 @@ def samples(cfg: DecomposeConfig, rows: list[dict[str, Any]]) -> tuple[int, int]
     return sft, rl
 
 
+def under(row: dict[str, Any], prefix: str) -> dict[str, float]:
+    """The metrics of ``row`` named ``prefix<name>``, by name."""
+    return {k.removeprefix(prefix): v for k, v in row.items() if k.startswith(prefix)}
+
+
 def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
@@ -174,9 +179,7 @@ def compare(family: str, args: argparse.Namespace, root: Path, seed: int) -> dic
         out[arm] = {"success": evals[-1]["eval/success"], "start": evals[0]["eval/success"],
                     "samples": samples(cfg, rows), "seconds": seconds, "run_dir": cfg.run_dir,
                     "outcomes": outcomes(cfg.run_dir),
-                    "subtasks": {k.removeprefix("eval/subtask_success/"): v
-                                 for k, v in evals[-1].items()
-                                 if k.startswith("eval/subtask_success/")}}
+                    "subtasks": under(evals[-1], "eval/subtask_success/")}
         if arm == "decomposer" and args.rl_steps:
             # The generalist trains on as many RL trajectories per step as the chains gave
             # (one per subtask attempt): that many whole tasks per step.
@@ -292,15 +295,11 @@ def routing_compare(args: argparse.Namespace, root: Path, seed: int) -> dict[str
                      checkpoint={"every": max(1, n), "keep": 1})
         rows, seconds = run(cfg)
         last = [r for r in rows if "eval/success" in r][-1]
-        routed = [r for r in rows if any(k.startswith("routing/load/") for k in r)]
+        loads = [under(r, "routing/load/") for r in rows]
         out[name] = {"success": last["eval/success"], "seconds": seconds,
                      "outcomes": outcomes(cfg.run_dir), "run_dir": cfg.run_dir,
-                     "subtasks": {k.removeprefix("eval/subtask_success/"): v
-                                  for k, v in last.items()
-                                  if k.startswith("eval/subtask_success/")},
-                     "load": {k.removeprefix("routing/load/"): v for k, v in
-                              (routed[-1] if routed else {}).items()
-                              if k.startswith("routing/load/")}}
+                     "subtasks": under(last, "eval/subtask_success/"),
+                     "load": next((x for x in reversed(loads) if x), {})}
     print(f"\n== routing among trained candidates, training seed {seed} ({args.split} split): "
           f"held-out task success on {args.eval_size} tasks ==")
     print(f"{'routing':<16} {'success':>8}  subtask success; share of the routing steps' traffic")
