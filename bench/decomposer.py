@@ -163,15 +163,20 @@ def outcomes(run_dir: str) -> dict[str, bool]:
     return {c["task_id"]: bool(c["success"]) for c in json.loads(last)["chains"]}
 
 
-def arms_of(family: str) -> tuple[str, ...]:
-    return ("decomposer", *(("no-tool",) if family in NO_TOOL else ()), "generalist")
+ARMS = ("decomposer", "no-tool", "generalist")
+
+
+def arms_of(family: str, only: list[str] | None = None) -> tuple[str, ...]:
+    """The arms ``family`` has (``only``: those of them named), in the order they train."""
+    return tuple(a for a in ARMS if (a != "no-tool" or family in NO_TOOL)
+                 and (only is None or a in only))
 
 
 def compare(family: str, args: argparse.Namespace, root: Path, seed: int) -> dict[str, Any]:
     """Every arm of ``family`` trained with training seed ``seed``, on the same tasks."""
     out: dict[str, Any] = {}
     tasks = args.tasks_per_step  # the generalist's: set from the decomposer's trajectories
-    for arm in arms_of(family):
+    for arm in arms_of(family, args.arms):
         cfg = config(root / f"{family}_{arm}_seed{seed}", family, arm, args, seed=seed,
                      tasks_per_step=tasks if arm == "generalist" else args.tasks_per_step)
         rows, seconds = run(cfg)
@@ -190,12 +195,12 @@ def compare(family: str, args: argparse.Namespace, root: Path, seed: int) -> dic
           f"{n} tasks ==")
     print(f"{'arm':<12} {'after SFT':>9} {'final':>7} {'95% CI':>15} {'SFT rows':>9} "
           f"{'RL traj':>8} {'seconds':>8}")
-    for arm in reversed(arms_of(family)):
+    for arm in reversed(arms_of(family, args.arms)):
         r = out[arm]
         lo, hi = (max(0.0, x) for x in wilson(r["success"], n))
         print(f"{arm:<12} {r['start']:9.3f} {r['success']:7.3f} [{lo:.3f}, {hi:.3f}] "
               f"{r['samples'][0]:9d} {r['samples'][1]:8d} {r['seconds']:8.0f}")
-    for arm in arms_of(family)[:-1]:
+    for arm in (a for a in arms_of(family, args.arms) if a != "generalist"):
         print(f"{arm} subtask success: " + ", ".join(
             f"{k} {v:.2f}" for k, v in sorted(out[arm]["subtasks"].items())))
     return out
@@ -221,13 +226,13 @@ def crossed_interval(a: list[dict[str, bool]], b: list[dict[str, bool]], reps: i
 
 def summarize(family: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The family's differences over all training seeds (mean, 95% interval)."""
-    pairs = [("decomposer", "generalist")]
-    if family in NO_TOOL:
-        pairs += [("decomposer", "no-tool"), ("no-tool", "generalist")]
-    out: dict[str, Any] = {arm: [r[arm]["success"] for r in runs] for arm in arms_of(family)}
-    print(f"\n== {family}: {len(runs)} training seeds x {len(runs[0]['generalist']['outcomes'])}"
+    arms = [a for a in arms_of(family) if a in runs[0]]
+    pairs = [(a, b) for a, b in [("decomposer", "generalist"), ("decomposer", "no-tool"),
+                                 ("no-tool", "generalist")] if a in arms and b in arms]
+    out: dict[str, Any] = {arm: [r[arm]["success"] for r in runs] for arm in arms}
+    print(f"\n== {family}: {len(runs)} training seeds x {len(runs[0][arms[0]]['outcomes'])}"
           " held-out tasks ==")
-    for arm in arms_of(family):
+    for arm in arms:
         print(f"{arm:<12} success per seed: {', '.join(f'{x:.3f}' for x in out[arm])}")
     for a, b in pairs:
         mean, lo, hi = crossed_interval([r[a]["outcomes"] for r in runs],
@@ -357,6 +362,9 @@ def main() -> None:
                     help="SFT rows of the four candidates together.")
     ap.add_argument("--routing-steps", type=int, default=8,
                     help="Steps of chains the router learns from (the candidates frozen).")
+    ap.add_argument("--arms", nargs="+", choices=ARMS, default=None,
+                    help="Train only these arms (e.g. decomposer, to compare SFT splits on the "
+                         "validation split); differences are printed between the arms run.")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="Folder of the runs (default: a temp folder).")
     ap.add_argument("--json", default=None, help="Write the raw results here.")
@@ -380,10 +388,10 @@ def main() -> None:
     if "wordchain" in args.families and args.planner_steps:
         raw["planner"] = planner_arm("wordchain", Path(
             raw["runs"]["wordchain"][0]["decomposer"]["run_dir"]), args, root, args.seeds[0])
-    print("\nsummary: " + "; ".join(
-        f"{f}: decomposer - generalist {r['decomposer - generalist'][0]:+.3f} "
-        f"[{r['decomposer - generalist'][1]:+.3f}, {r['decomposer - generalist'][2]:+.3f}]"
-        for f, r in raw["summary"].items() if f != "routing"))
+    lines = [f"{f}: decomposer - generalist {d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]"
+             for f, r in raw["summary"].items() if (d := r.get("decomposer - generalist"))]
+    if lines:
+        print("\nsummary: " + "; ".join(lines))
     print(f"runs: {root}")
     if args.json:
         Path(args.json).write_text(json.dumps(raw, indent=1))

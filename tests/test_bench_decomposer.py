@@ -87,3 +87,17 @@ def test_the_interval_resamples_seeds_and_tasks() -> None:
     b = [dict.fromkeys(map(str, range(50)), False)] * 3
     mean, lo, hi = crossed(a, b, reps=500)
     assert abs(mean - 1 / 3) < 1e-9 and lo == 0.0 and hi == 1.0
+
+
+def test_arms_can_be_run_alone_and_are_compared_only_among_those_run() -> None:
+    # --arms decomposer compares SFT splits on the validation split without the generalist
+    bench = _bench()
+    assert bench.arms_of("shopping") == ("decomposer", "no-tool", "generalist")
+    assert bench.arms_of("eventplan") == ("decomposer", "generalist")
+    assert bench.arms_of("shopping", ["generalist", "decomposer"]) == ("decomposer", "generalist")
+    assert bench.arms_of("eventplan", ["no-tool"]) == ()
+    run = {arm: {"success": 0.5, "outcomes": {"t0": True, "t1": False}}
+           for arm in ("decomposer", "no-tool")}
+    out = bench.summarize("shopping", [run, run])
+    assert out["decomposer"] == [0.5, 0.5] and "generalist" not in out
+    assert set(k for k in out if " - " in k) == {"decomposer - no-tool"}
