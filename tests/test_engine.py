@@ -350,6 +350,43 @@ def test_a_moving_reference_is_rebased_every_n_updates(tiny_model_dir):
     torch.testing.assert_close(batch.ref_logprobs, at_two)
 
 
+def test_a_mixed_reference_moves_part_of_the_way_to_the_policy(tiny_model_dir):
+    """``rebase_mix`` (TRL's ref_model_mixup_alpha): after each rebase the reference is
+    mix * policy + (1 - mix) * reference, and a checkpoint carries it."""
+    algo = AlgorithmConfig(kl={"coef": 0.1, "rebase_every": 1, "rebase_mix": 0.25})
+    eng = make_engine(tiny_model_dir, algorithm=algo, optim={"lr": 1e-2})
+    ref_name = eng.reference.name
+    before = eng.shared.weights(ref_name)
+    batch, _ = rollout_batch(eng)
+    eng.prepare(batch)
+    advantages(eng, batch)
+    eng.update(batch)
+    now, ref = eng.shared.weights(eng.policy_id), eng.shared.weights(ref_name)
+    moved = [k for k in ref if not torch.equal(now[k], before[k])]
+    assert moved  # the update changed weights, so the reference has somewhere to go
+    for k in ref:
+        torch.testing.assert_close(ref[k], before[k] + 0.25 * (now[k] - before[k]))
+    eng.prepare(batch)
+    assert not torch.allclose(batch.ref_logprobs, eng.logprobs(batch))  # not the policy
+    other = make_engine(tiny_model_dir, algorithm=algo)
+    other.load_state_dict(eng.state_dict())
+    for k, v in other.shared.weights(other.reference.name).items():
+        torch.testing.assert_close(v, ref[k])
+
+
+@pytest.mark.parametrize("kl, lora, field", [
+    ({"coef": 0.1, "rebase_mix": 0.5}, False, "rebase_mix: mixing happens at each rebase"),
+    ({"coef": 0.1, "rebase_every": 1, "rebase_mix": 0.5}, True, "algorithm.kl.rebase_mix: a mix"),
+])
+def test_a_mixed_reference_is_refused_without_rebases_or_with_lora(tiny_model_dir, kl, lora,
+                                                                   field):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=field):
+        PolicyConfig(model=ModelConfig(path=str(tiny_model_dir)), lora=LoraConfig(enabled=lora),
+                     algorithm=AlgorithmConfig(kl=kl))
+
+
 @pytest.mark.parametrize("train_dropout", [False, True])
 def test_lora_dropout_is_off_in_rl_updates_so_the_first_ratio_is_one(tiny_model_dir,
                                                                      train_dropout):

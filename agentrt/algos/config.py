@@ -29,6 +29,19 @@ class KLConfig(ConfigModel):
         "moving reference: the proximal-point form of magnetic mirror descent, whose fixed point "
         "is an equilibrium rather than one regularised toward the start); null keeps the start "
         "(or the warm start) as the reference.")
+    rebase_mix: float = Field(
+        1.0, gt=0.0, le=1.0, description="At each rebase the reference moves this share of the "
+        "way to the current weights, ref <- mix * policy + (1 - mix) * ref (TRL's "
+        "ref_model_mixup_alpha, TR-DPO): 1 replaces it; with rebase_every 1 a small share makes "
+        "it a running average of past policies (a magnet that moves slowly). Full-weight "
+        "policies only.")
+
+    @model_validator(mode="after")
+    def _mix_needs_rebase(self) -> KLConfig:
+        if self.rebase_mix < 1.0 and self.rebase_every is None:
+            raise ValueError("rebase_mix: mixing happens at each rebase; set rebase_every "
+                             "(1: every update) or rebase_mix: 1")
+        return self
 
 
 ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {

@@ -210,6 +210,14 @@ class PolicyConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _mixed_reference_full_weights(self) -> PolicyConfig:
+        if self.lora.enabled and self.algorithm.kl.rebase_mix < 1.0:
+            raise ValueError("algorithm.kl.rebase_mix: a mix of two LoRA adapters' factors is "
+                             "not the mix of their weight updates; use rebase_mix: 1 (replace "
+                             "the reference) or lora.enabled: false")
+        return self
+
+    @model_validator(mode="after")
     def _sharding(self) -> PolicyConfig:
         why = ("rollout.backend is vllm: the sharded trainer feeds the HF rollout only; set "
                "rollout.backend: hf" if self.rollout.backend == "vllm" else

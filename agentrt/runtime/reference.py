@@ -31,7 +31,7 @@ class Reference:
 
     def __init__(self, shared: SharedModel, policy_id: str, algo: AlgorithmConfig) -> None:
         self.shared, self.policy_id = shared, policy_id
-        self.rebase_every = algo.kl.rebase_every
+        self.rebase_every, self.mix = algo.kl.rebase_every, algo.kl.rebase_mix
         self.needed = algo.kl.coef > 0.0 or (algo.is_preference and algo.online)
         self.name: str | None = None
         self.warm_start = False
@@ -52,8 +52,17 @@ class Reference:
 
     def after_update(self, version: int) -> None:
         """A moving reference (``algorithm.kl.rebase_every``): the current weights after every
-        N-th update (``version`` counts them); checkpoints carry it, as a warm start's."""
-        if self.rebase_every is not None and version % self.rebase_every == 0:
+        N-th update (``version`` counts them), or ``rebase_mix`` of the way to them; checkpoints
+        carry it, as a warm start's."""
+        if self.rebase_every is None or version % self.rebase_every:
+            return
+        if self.mix < 1.0 and self.name is not None:
+            ref, now = self.shared.weights(self.name), self.shared.weights(self.policy_id)
+            self.shared.load_weights(self.name, {
+                k: torch.lerp(v, now[k], self.mix) if v.is_floating_point() else now[k]
+                for k, v in ref.items()})
+            self.warm_start = True  # the model folder cannot rebuild it
+        else:
             self.rebase()
 
     def state(self) -> dict[str, torch.Tensor] | None:
