@@ -377,14 +377,18 @@ def test_a_mixed_reference_moves_part_of_the_way_to_the_policy(tiny_model_dir):
 @pytest.mark.parametrize("kl, lora, field", [
     ({"coef": 0.1, "rebase_mix": 0.5}, False, "rebase_mix: mixing happens at each rebase"),
     ({"coef": 0.1, "rebase_every": 1, "rebase_mix": 0.5}, True, "algorithm.kl.rebase_mix: a mix"),
+    ({"rebase_every": 10}, "dpo", "kl.rebase_every: a moving reference follows RL updates"),
 ])
-def test_a_mixed_reference_is_refused_without_rebases_or_with_lora(tiny_model_dir, kl, lora,
-                                                                   field):
+def test_a_moving_reference_is_refused_where_it_would_be_ignored_or_wrong(tiny_model_dir, kl,
+                                                                          lora, field):
+    """Without rebases a mix never happens; LoRA factors do not mix linearly; a preference
+    loss never rebases (its reference log-probs are fixed), so each is one line naming it."""
     from pydantic import ValidationError
 
+    algo = {"name": lora, "kl": kl} if lora == "dpo" else {"kl": kl}
     with pytest.raises(ValidationError, match=field):
-        PolicyConfig(model=ModelConfig(path=str(tiny_model_dir)), lora=LoraConfig(enabled=lora),
-                     algorithm=AlgorithmConfig(kl=kl))
+        PolicyConfig(model=ModelConfig(path=str(tiny_model_dir)),
+                     lora=LoraConfig(enabled=lora is True), algorithm=AlgorithmConfig(**algo))
 
 
 @pytest.mark.parametrize("train_dropout", [False, True])

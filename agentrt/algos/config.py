@@ -138,6 +138,15 @@ class AlgorithmConfig(ConfigModel):
         return data
 
     @model_validator(mode="after")
+    def _moving_reference_in_rl_only(self) -> AlgorithmConfig:
+        if self.is_preference and self.kl.rebase_every is not None:
+            raise ValueError("kl.rebase_every: a moving reference follows RL updates; a "
+                             "preference loss keeps its reference (offline data's reference "
+                             "log-probs are computed once), so TR-DPO's reference sync is not "
+                             "built; remove kl.rebase_every")
+        return self
+
+    @model_validator(mode="after")
     def _known_names(self) -> AlgorithmConfig:
         from agentrt.algos import ADVANTAGES, POLICY_LOSSES, PREFERENCE_LOSSES
 
