@@ -89,14 +89,15 @@ class Server:
     def __enter__(self) -> str:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
-        lines: queue.Queue[str] = queue.Queue()
+        lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []  # everything it printed, shown when a test fails
-        threading.Thread(target=lambda: [(lines.put(x), self.seen.append(x))
-                                         for x in self.proc.stdout], daemon=True).start()
+        threading.Thread(target=self._pump, args=(lines,), daemon=True).start()
         while True:
             try:
                 line = lines.get(timeout=300)  # a start-up guard, not a measurement
             except queue.Empty:
+                break
+            if line is None:  # it exited before serving: fail now, not after the guard
                 break
             found = re.search(r" on (http://\S+) ", line)
             if found:
@@ -104,11 +105,27 @@ class Server:
         self.proc.kill()
         pytest.fail("server did not start:\n" + "".join(self.seen))
 
+    def _pump(self, lines: queue.Queue[str | None]) -> None:
+        for x in self.proc.stdout:
+            lines.put(x)
+            self.seen.append(x)
+        lines.put(None)  # its output ended: the process is gone
+
     def __exit__(self, *exc: object) -> None:
         self.proc.terminate()
         code = self.proc.wait(timeout=60)
         if exc[0] is not None:
             print(f"server output (exit {code}):\n" + "".join(self.seen[-40:]))
+
+
+def test_a_server_that_exits_before_serving_fails_the_test_at_once():
+    """The helper's start-up guard (300 s) is for a slow start, not for a process that is gone:
+    its output ending fails the test then, with what it printed."""
+    start = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match="did not start:\nboom"):
+        with Server([sys.executable, "-c", "print('boom'); raise SystemExit(3)"]):
+            pass
+    assert time.monotonic() - start < 60
 
 
 @pytest.fixture(scope="module")
