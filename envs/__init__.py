@@ -9,7 +9,7 @@ from __future__ import annotations
 from agentrt.envs.bargain import Bargain
 from agentrt.envs.board import ConnectFour, TicTacToe
 from agentrt.envs.checker import check_multiagent_env
-from agentrt.envs.games import ConnectThree, Hexapawn
+from agentrt.envs.games import ConnectThree, Hexapawn, Notakto
 from agentrt.envs.core import (
     CHARSET,
     MultiAgentEnv,
@@ -27,6 +27,7 @@ register("TicTacToe-v0", TicTacToe, multi_agent=True)
 register("ConnectFour-v0", ConnectFour, multi_agent=True)
 register("Hexapawn-v0", Hexapawn, multi_agent=True)
 register("ConnectThree-v0", ConnectThree, multi_agent=True)
+register("Notakto-v0", Notakto, multi_agent=True)
 register("KuhnPoker-v0", KuhnPoker, multi_agent=True)
 register("KuhnPoker3-v0", KuhnPoker, multi_agent=True, players=3)
 register("Bargain-v0", Bargain, multi_agent=True)
@@ -47,7 +48,7 @@ register("TextArena-v0", "agentrt.envs.textarena_env:TextArenaEnv", multi_agent=
          extra="games")
 
 __all__ = [
-    "CHARSET", "ENVS", "Bargain", "CalculatorEnv", "ConnectFour", "ConnectThree", "Hexapawn", "EnvSpec", "KuhnPoker",
+    "CHARSET", "ENVS", "Bargain", "CalculatorEnv", "ConnectFour", "ConnectThree", "Hexapawn", "EnvSpec", "KuhnPoker", "Notakto",
     "MultiAgentEnv", "RecallEnv", "SingleAgentGame", "TaskEnv", "TextEnv", "TicTacToe",
     "action_text", "calculate", "check_multiagent_env", "clean_text", "is_multi_agent", "make",
     "make_multi", "register", "text_space",

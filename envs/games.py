@@ -1,8 +1,8 @@
-"""Two small two-player games with perfect information, small enough to solve exactly: Hexapawn
-(Gardner, 1962: pawns on a 3x3 board) and Connect-Three (three in a row on a 4x4 grid with
-gravity).
+"""Three small two-player games with perfect information, small enough to solve exactly: Hexapawn
+(Gardner, 1962: pawns on a 3x3 board), Connect-Three (three in a row on a 4x4 grid with
+gravity) and Notakto (Plambeck, 2010: misère tic-tac-toe in which both players place X).
 
-Both follow the turn-based API of :class:`~agentrt.envs.core.MultiAgentEnv` like tic-tac-toe:
+All follow the turn-based API of :class:`~agentrt.envs.core.MultiAgentEnv` like tic-tac-toe:
 "player_0" moves first, the winner gets +1 and the loser -1, a draw 0 to both; both give
 ``state_key()``, so a perfect player (``kind: perfect``) and the exact best-response measures
 (agentrt.tournaments.exploit_games) search their whole trees. Observations are one short line
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrt.envs.board import parse_index
+from agentrt.envs.board import TTT_LINES, parse_index
 from agentrt.envs.core import MultiAgentEnv
 
 _OTHER = {"player_0": "player_1", "player_1": "player_0"}
@@ -184,3 +184,54 @@ class ConnectThree(MultiAgentEnv):
         b, n = self.board, self.cols
         return "\n".join("".join(self._MARKS[v] for v in b[r * n:(r + 1) * n])
                          for r in range(self.rows))
+
+
+class Notakto(MultiAgentEnv):
+    """Notakto on one 3x3 board: both players place an ``X`` on an empty cell (0-8, row by row);
+    whoever completes a line of three X (row, column or diagonal) loses. There are no draws
+    (at most six X fit without a line) and the first player wins with perfect play (the
+    centre, then a knight's move from the opponent's). An impartial game: the move that is best
+    depends on the board alone, not on whose turn it is.
+
+    Observation: ``"X|0X234X678"``: the mark both place, then the cells with a digit for each
+    empty one, as tic-tac-toe's compact board. ``observe_struct(agent)`` gives
+    ``{"board": tuple of 9 ints (0 empty, 1 X)}``.
+    """
+
+    metadata = {"render_modes": ["ansi"], "name": "notakto"}
+    possible_agents = ["player_0", "player_1"]
+    zero_sum = True
+    _MARKS = ".X"
+
+    def _reset(self, options: dict[str, Any]) -> None:
+        self.board = [0] * 9
+        self.agent_selection = "player_0"
+
+    def _legal(self, agent: str) -> list[str] | None:
+        return [str(i) for i, v in enumerate(self.board) if not v]
+
+    def _parse(self, agent: str, text: str) -> int | None:
+        cell = parse_index(text, 9)
+        return cell if cell is not None and not self.board[cell] else None
+
+    def _apply(self, agent: str, cell: int) -> None:
+        self.board[cell] = 1
+        other = _OTHER[agent]
+        if any(all(self.board[i] for i in line) for line in TTT_LINES if cell in line):
+            self.rewards[agent], self.rewards[other] = -1.0, 1.0
+            self._finish()
+        else:
+            self.agent_selection = other
+
+    def _observe(self, agent: str) -> str:
+        return f"X|{_cells(self.board, self._MARKS)}"
+
+    def observe_struct(self, agent: str) -> dict[str, Any]:
+        return {"board": tuple(self.board)}
+
+    def state_key(self) -> tuple[Any, ...]:
+        return (tuple(self.board), self.agent_selection)
+
+    def _render(self) -> str:
+        b = self.board
+        return "\n".join("".join(self._MARKS[b[r * 3 + c]] for c in range(3)) for r in range(3))

@@ -336,9 +336,10 @@ class PerfectPlayer(ScriptedPolicy):
 
 class OnePlyPlayer(ScriptedPolicy):
     """The simplest heuristic for any game whose env can be copied: a move that wins at once;
-    else one after which the opponent cannot win at once (which blocks a threat); else any
-    (ties drawn uniformly). Tic-tac-toe's "win if you can, block if you must" without the
-    centre rule; in Nim it takes the last stones when it can."""
+    else one that neither loses at once (misère games: Notakto's line of three) nor lets the
+    opponent win at once (which blocks a threat); else any (ties drawn uniformly). Tic-tac-toe's
+    "win if you can, block if you must" without the centre rule; in Nim it takes the last
+    stones when it can."""
 
     def choose(self, request: ActRequest) -> str:
         env, agent = request.game, request.agent
@@ -355,7 +356,7 @@ class OnePlyPlayer(ScriptedPolicy):
         def safe(move: str) -> bool:
             c = child(env, move)
             if c.done or c.agent_selection == agent:
-                return True
+                return c.rewards.get(agent, 0.0) >= 0 if c.done else True
             other = c.agent_selection
             return not any((g := child(c, m)).done and g.rewards.get(other, 0.0) > 0
                            for m in c.legal_actions(other) or [])

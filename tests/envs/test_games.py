@@ -35,7 +35,7 @@ def play(env_id: str, players: list, seed: int, **kwargs) -> dict[str, float]:
     return dict(env.rewards)
 
 
-@pytest.mark.parametrize("env_id", ["Hexapawn-v0", "ConnectThree-v0"])
+@pytest.mark.parametrize("env_id", ["Hexapawn-v0", "ConnectThree-v0", "Notakto-v0"])
 def test_the_new_games_keep_the_turn_based_api(env_id):
     check_multiagent_env(make_multi(env_id))
 
@@ -78,6 +78,24 @@ def test_hexapawn_refuses_moves_that_are_not_its_own():
         assert env.board == [2, 2, 2, 0, 0, 0, 1, 1, 1]
 
 
+def test_notakto_whoever_completes_a_line_loses():
+    env = make_multi("Notakto-v0")
+    env.reset(seed=0)
+    assert env.observe("player_0") == "X|012345678" and len(env.legal_actions("player_0")) == 9
+    for cell in ("0", "4", "5", "7"):  # no three in a line yet
+        env.step(cell)
+    assert not env.done and env.observe("player_0") == "X|X123XX6X8"
+    assert env.legal_actions("player_0") == ["1", "2", "3", "6", "8"]
+    env.step("4")  # taken: an invalid action, not a move
+    assert env.infos["player_0"]["invalid_action"]
+    env = make_multi("Notakto-v0")
+    env.reset(seed=0)
+    for cell in ("0", "4", "5", "7"):
+        env.step(cell)
+    env.step("8")  # player_0 completes the diagonal 0-4-8 and loses
+    assert env.done and env.rewards == {"player_0": -1.0, "player_1": 1.0}
+
+
 def test_connect_three_gravity_lines_and_the_full_grid():
     env = ConnectThree()
     env.reset(seed=0)
@@ -109,10 +127,12 @@ def test_connect_three_gravity_lines_and_the_full_grid():
 
 
 @pytest.mark.parametrize("env_id,value,states", [
-    ("TicTacToe-v0", 0.0, 5478), ("Hexapawn-v0", -1.0, 135), ("Nim-v0", 1.0, None)])
+    ("TicTacToe-v0", 0.0, 5478), ("Hexapawn-v0", -1.0, 135), ("Nim-v0", 1.0, None),
+    ("Notakto-v0", 1.0, None)])
 def test_the_solver_finds_each_game_value(env_id, value, states):
     """Tic-tac-toe is a draw, Hexapawn a win for Black, Nim with 15 stones a win for the
-    first player (15 is not a multiple of 4); the values are discounted by game length."""
+    first player (15 is not a multiple of 4), Notakto on one board a win for the first player;
+    the values are discounted by game length."""
     env = make_multi(env_id)
     env.reset(seed=0)
     solver = GameSolver()
@@ -144,6 +164,10 @@ def test_perfect_play_never_loses_and_wins_what_the_game_allows():
                     seed)["player_0"] == 0
         # Nim, 15 stones: the first player always wins
         assert play("Nim-v0", [perfect(seed=seed), rand(seed=seed)], seed)["player_0"] == 1
+        # Notakto: the first player always wins, against random and against perfect play
+        assert play("Notakto-v0", [perfect(seed=seed), rand(seed=seed)], seed)["player_0"] == 1
+        assert play("Notakto-v0", [perfect(seed=seed), perfect(seed=seed + 1)],
+                    seed)["player_0"] == 1
     for seed in range(3):  # Connect-Three: the first player wins (a 2 s solve, then cached)
         one = perfect(seed=seed)
         assert play("ConnectThree-v0", [one, scripted_factory("connect3")(seed=seed)],
@@ -178,11 +202,17 @@ def test_the_heuristics_take_a_win_and_block_one():
     nim = make_multi("Nim-v0", stones=3)
     nim.reset(seed=0)
     assert one_ply.choose(request(nim, "Nim-v0")) == "3"
+    notakto = make_multi("Notakto-v0")  # misère: a move that loses at once is no move
+    notakto.reset(seed=0)
+    for cell in ("0", "1", "3", "5", "7"):  # 2 (row 0), 4 (column 1) and 6 (column 0) lose
+        notakto.step(cell)
+    assert {one_ply.choose(request(notakto, "Notakto-v0")) for _ in range(20)} == {"8"}
 
 
 @pytest.mark.parametrize("env_id,kind", [("Hexapawn-v0", "hexapawn"),
                                          ("ConnectThree-v0", "connect3"),
-                                         ("TicTacToe-v0", "one_ply"), ("Nim-v0", "one_ply")])
+                                         ("TicTacToe-v0", "one_ply"), ("Nim-v0", "one_ply"),
+                                         ("Notakto-v0", "one_ply")])
 def test_each_heuristic_beats_random_and_loses_to_perfect_play(env_id, kind):
     """The baselines are what they claim: far above random, below the perfect player."""
     heuristic, rand = scripted_factory(kind)(seed=0), scripted_factory("random")(seed=1)
