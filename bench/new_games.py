@@ -1,12 +1,13 @@
-"""One recipe, four games: the default league recipe (``examples/game_league.yaml``) trained on
+"""One recipe, five games: the default league recipe (``examples/game_league.yaml``) trained on
 each game with nothing changed but the env id, against the perfect player's figures.
 
-Games: Hexapawn and Connect-Three (new, ``agentrt.envs.games``), tic-tac-toe (compact board, its
-only setting beside the id) and Nim (the plugin example, 15 stones). Each (game, seed) is its own
+Games: Hexapawn, Connect-Three and Notakto (new, ``agentrt.envs.games``), tic-tac-toe (compact
+board, its only setting beside the id) and Nim (the plugin example, 15 stones). Each (game, seed) is its own
 ``agentrt tournament run`` subprocess with one torch thread, ``--jobs`` at once. The last
 evaluation (greedy, 400 games against each opponent, half in each seat) gives, per seat: the
 win rate against random, the score (win + draw/2) against the game's simple heuristic player
-(``one_ply`` for tic-tac-toe and Nim: win now, else do not let the opponent win at once;
+(``one_ply`` for tic-tac-toe, Nim and Notakto: win now, else neither lose at once nor let the
+opponent win at once;
 ``hexapawn`` and ``connect3``: rules of thumb) and the exact best-response value and blunders.
 The perfect player (``kind: perfect``) plays the same opponents in the same seats here, 2,000
 games each, for the reference.
@@ -43,6 +44,7 @@ GAMES: dict[str, tuple[dict, str]] = {
     "ConnectThree-v0": ({}, "connect3"),
     "TicTacToe-v0": ({"compact": True}, "one_ply"),
     "Nim-v0": ({}, "one_ply"),
+    "Notakto-v0": ({}, "one_ply"),
 }
 
 
