@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrt.envs.board import TTT_LINES, parse_index
+from agentrt.envs.board import parse_index
+from agentrt.envs.vector import TTT_LINES
 from agentrt.envs.core import MultiAgentEnv
 
 _OTHER = {"player_0": "player_1", "player_1": "player_0"}
