@@ -25,6 +25,12 @@ def _cells(board: list[int], marks: str) -> str:
     return "".join(marks[v] if v else str(i) for i, v in enumerate(board))
 
 
+def _grid(board: list[int], marks: str, cols: int) -> str:
+    """The board drawn row by row, ``cols`` cells a row (the ansi render)."""
+    return "\n".join("".join(marks[v] for v in board[r:r + cols])
+                     for r in range(0, len(board), cols))
+
+
 class Hexapawn(MultiAgentEnv):
     """Hexapawn: three pawns a side on a 3x3 board, cells 0-8 row by row. White (player_0, ``W``)
     starts on row 2 (cells 6-8) and moves up, Black (``B``) on row 0 moves down. A pawn steps
@@ -99,8 +105,7 @@ class Hexapawn(MultiAgentEnv):
         return (tuple(self.board), self.agent_selection)
 
     def _render(self) -> str:
-        b = self.board
-        return "\n".join("".join(self._MARKS[b[r * 3 + c]] for c in range(3)) for r in range(3))
+        return _grid(self.board, self._MARKS, 3)
 
 
 def line_through(board: list[int], cols: int, rows: int, cell: int, need: int) -> bool:
@@ -182,9 +187,7 @@ class ConnectThree(MultiAgentEnv):
         return (tuple(self.board), self.agent_selection)
 
     def _render(self) -> str:
-        b, n = self.board, self.cols
-        return "\n".join("".join(self._MARKS[v] for v in b[r * n:(r + 1) * n])
-                         for r in range(self.rows))
+        return _grid(self.board, self._MARKS, self.cols)
 
 
 class Notakto(MultiAgentEnv):
@@ -234,5 +237,4 @@ class Notakto(MultiAgentEnv):
         return (tuple(self.board), self.agent_selection)
 
     def _render(self) -> str:
-        b = self.board
-        return "\n".join("".join(self._MARKS[b[r * 3 + c]] for c in range(3)) for r in range(3))
+        return _grid(self.board, self._MARKS, 3)

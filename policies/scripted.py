@@ -355,8 +355,10 @@ class OnePlyPlayer(ScriptedPolicy):
             return c.done and c.rewards.get(agent, 0.0) > 0
         def safe(move: str) -> bool:
             c = child(env, move)
-            if c.done or c.agent_selection == agent:
-                return c.rewards.get(agent, 0.0) >= 0 if c.done else True
+            if c.done:  # a move that ends the game is safe unless it loses (misère games)
+                return c.rewards.get(agent, 0.0) >= 0
+            if c.agent_selection == agent:
+                return True
             other = c.agent_selection
             return not any((g := child(c, m)).done and g.rewards.get(other, 0.0) > 0
                            for m in c.legal_actions(other) or [])
